@@ -1,0 +1,2 @@
+//! The `ferrio` command line.
+fn main() {}

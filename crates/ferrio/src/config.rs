@@ -1,0 +1,501 @@
+//! Settings: every knob ferrio has, its `FERRIO_*` variable, unit, default and parser.
+//!
+//! There is one [`Settings`] value in force per thread: the process-wide one ([`Settings::global`],
+//! read from the environment on first use, changed with [`Settings::set_global`]) unless the
+//! thread has pushed a scoped override with [`Settings::scope`]. An operation takes a snapshot
+//! of the settings when it is issued, so changing them never affects I/O already under way.
+//!
+//! Human sizes (`4MiB`, `16M`, `2GiB`) are parsed here and nowhere else ([`parse_size`]).
+
+use std::cell::RefCell;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, OnceLock, RwLock};
+
+use crate::error::{Error, Result};
+
+/// When to bypass the page cache with `O_DIRECT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DirectMode {
+    /// Always through the page cache.
+    Off,
+    /// `O_DIRECT` for every aligned byte (falls back to buffered where the file system refuses it).
+    On,
+    /// Per task: buffered when the range is mostly in the page cache, `O_DIRECT` when it is cold.
+    Auto,
+}
+
+impl DirectMode {
+    /// The accepted spellings, for error messages.
+    pub const FORMS: &'static str = "off|on|auto (also false/true, 0/1, no/yes)";
+
+    /// The canonical name of this mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DirectMode::Off => "off",
+            DirectMode::On => "on",
+            DirectMode::Auto => "auto",
+        }
+    }
+}
+
+impl fmt::Display for DirectMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DirectMode {
+    type Err = ();
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "false" | "0" | "no" => Ok(DirectMode::Off),
+            "on" | "true" | "1" | "yes" => Ok(DirectMode::On),
+            "auto" => Ok(DirectMode::Auto),
+            _ => Err(()),
+        }
+    }
+}
+
+/// All of ferrio's knobs. Construct with [`Settings::default`], [`Settings::from_env`] or
+/// [`Settings::current`], change fields directly or by name with [`Settings::set`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Settings {
+    /// Bytes per task: a request is split into tasks of this size that run in parallel.
+    /// `FERRIO_TASK_SIZE`, default 4 MiB.
+    pub task_size: u64,
+    /// Worker threads per device pool; 0 picks by device kind. `FERRIO_THREADS_PER_DEVICE`.
+    pub threads_per_device: usize,
+    /// Cap on I/O worker threads across all pools. `FERRIO_MAX_THREADS`.
+    pub max_threads: usize,
+    /// One worker pool per block device (true) or one pool for everything (false).
+    /// `FERRIO_PER_DEVICE_POOLS`, default on.
+    pub per_device_pools: bool,
+    /// `O_DIRECT` policy for reads. `FERRIO_DIRECT_READ`.
+    pub direct_read: DirectMode,
+    /// `O_DIRECT` policy for writes. `FERRIO_DIRECT_WRITE`.
+    pub direct_write: DirectMode,
+    /// Read unaligned heads and tails with `O_DIRECT` too, into aligned scratch memory.
+    /// `FERRIO_DIRECT_OVERREAD`, default off.
+    pub direct_overread: bool,
+    /// Bytes per pinned bounce buffer for GPU transfers. `FERRIO_BOUNCE_BUFFER_SIZE`.
+    pub bounce_buffer_size: u64,
+    /// Pinned bounce buffers per worker (the ring's depth). `FERRIO_BOUNCE_BUFFERS`.
+    pub bounce_buffers: usize,
+    /// Cap on pinned host memory held by all bounce rings. `FERRIO_PINNED_LIMIT`.
+    pub pinned_limit: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            task_size: 4 << 20,
+            threads_per_device: 0,
+            max_threads: 64,
+            per_device_pools: true,
+            direct_read: DirectMode::Auto,
+            direct_write: DirectMode::Off,
+            direct_overread: false,
+            bounce_buffer_size: 4 << 20,
+            bounce_buffers: 4,
+            pinned_limit: 1 << 30,
+        }
+    }
+}
+
+/// Describes one setting: its name, variable, unit, default and meaning.
+#[derive(Debug, Clone, Copy)]
+pub struct SettingInfo {
+    /// Name used by [`Settings::get`]/[`Settings::set`] and by Python's `ferrio.config`.
+    pub name: &'static str,
+    /// The environment variable.
+    pub env: &'static str,
+    /// Unit or kind of value.
+    pub unit: &'static str,
+    /// What it does.
+    pub doc: &'static str,
+}
+
+/// Every setting, in the order the README lists them.
+pub const SETTINGS: &[SettingInfo] = &[
+    SettingInfo {
+        name: "task_size",
+        env: "FERRIO_TASK_SIZE",
+        unit: "bytes",
+        doc: "a request is split into tasks of this size that run on the pool's threads",
+    },
+    SettingInfo {
+        name: "threads_per_device",
+        env: "FERRIO_THREADS_PER_DEVICE",
+        unit: "threads (0 = by device kind)",
+        doc: "worker threads of each device's pool",
+    },
+    SettingInfo {
+        name: "max_threads",
+        env: "FERRIO_MAX_THREADS",
+        unit: "threads",
+        doc: "cap on I/O threads across all pools (each pool keeps at least one)",
+    },
+    SettingInfo {
+        name: "per_device_pools",
+        env: "FERRIO_PER_DEVICE_POOLS",
+        unit: "on/off",
+        doc: "one pool per block device; off = one global pool",
+    },
+    SettingInfo {
+        name: "direct_read",
+        env: "FERRIO_DIRECT_READ",
+        unit: "off/on/auto",
+        doc: "O_DIRECT for reads; auto = buffered when resident, direct when cold",
+    },
+    SettingInfo {
+        name: "direct_write",
+        env: "FERRIO_DIRECT_WRITE",
+        unit: "off/on/auto",
+        doc: "O_DIRECT for writes",
+    },
+    SettingInfo {
+        name: "direct_overread",
+        env: "FERRIO_DIRECT_OVERREAD",
+        unit: "on/off",
+        doc: "read unaligned heads/tails with O_DIRECT into aligned scratch too",
+    },
+    SettingInfo {
+        name: "bounce_buffer_size",
+        env: "FERRIO_BOUNCE_BUFFER_SIZE",
+        unit: "bytes",
+        doc: "size of each pinned bounce buffer for GPU transfers",
+    },
+    SettingInfo {
+        name: "bounce_buffers",
+        env: "FERRIO_BOUNCE_BUFFERS",
+        unit: "buffers per worker",
+        doc: "depth of each worker's pinned bounce-buffer ring",
+    },
+    SettingInfo {
+        name: "pinned_limit",
+        env: "FERRIO_PINNED_LIMIT",
+        unit: "bytes",
+        doc: "cap on pinned host memory held by all bounce rings",
+    },
+];
+
+const SIZE_FORMS: &str = "a byte count such as 4194304, 4MiB, 4M, 512KiB, 2GiB or 1G";
+const COUNT_FORMS: &str = "a whole number such as 0, 4 or 16";
+const BOOL_FORMS: &str = "on|off (also true/false, 1/0, yes/no)";
+
+impl Settings {
+    /// Default settings overridden by every `FERRIO_*` variable that is set.
+    ///
+    /// A variable with a bad value is an error naming the variable, the value and the accepted
+    /// forms; unknown `FERRIO_*` variables are ignored.
+    pub fn from_env() -> Result<Settings> {
+        let mut s = Settings::default();
+        for info in SETTINGS {
+            if let Ok(value) = std::env::var(info.env) {
+                s.set_as(info, &value, info.env)?;
+            }
+        }
+        Ok(s)
+    }
+
+    /// The process-wide settings, read from the environment on first use.
+    ///
+    /// If the environment holds a bad value, the defaults are used and the error is returned by
+    /// [`Settings::env_error`]; the CLI and Python package report it at start-up.
+    pub fn global() -> Settings {
+        (**global_cell().read().unwrap_or_else(|p| p.into_inner())).clone()
+    }
+
+    /// The error in the `FERRIO_*` environment, if one was found when the settings were loaded.
+    pub fn env_error() -> Option<String> {
+        global_cell();
+        ENV_ERROR.get().and_then(|e| e.clone())
+    }
+
+    /// Replaces the process-wide settings (operations already issued are unaffected).
+    pub fn set_global(settings: Settings) {
+        *global_cell().write().unwrap_or_else(|p| p.into_inner()) = Arc::new(settings);
+    }
+
+    /// The settings in force on this thread: the innermost [`Settings::scope`] override, or the
+    /// process-wide settings.
+    pub fn current() -> Settings {
+        SCOPED
+            .with(|stack| stack.borrow().last().cloned())
+            .unwrap_or_else(Settings::global)
+    }
+
+    /// Makes `settings` the ones in force on this thread until the guard is dropped; guards nest.
+    /// Meant for tests and for code that wants different settings for a few calls.
+    pub fn scope(settings: Settings) -> ScopedSettings {
+        SCOPED.with(|stack| stack.borrow_mut().push(settings));
+        ScopedSettings {
+            _not_send: std::marker::PhantomData,
+        }
+    }
+
+    /// The value of a setting by name (`task_size`) or variable (`FERRIO_TASK_SIZE`), as text.
+    pub fn get(&self, name: &str) -> Result<String> {
+        let info = find(name)?;
+        Ok(match info.name {
+            "task_size" => self.task_size.to_string(),
+            "threads_per_device" => self.threads_per_device.to_string(),
+            "max_threads" => self.max_threads.to_string(),
+            "per_device_pools" => on_off(self.per_device_pools).to_string(),
+            "direct_read" => self.direct_read.to_string(),
+            "direct_write" => self.direct_write.to_string(),
+            "direct_overread" => on_off(self.direct_overread).to_string(),
+            "bounce_buffer_size" => self.bounce_buffer_size.to_string(),
+            "bounce_buffers" => self.bounce_buffers.to_string(),
+            "pinned_limit" => self.pinned_limit.to_string(),
+            _ => unreachable!("every SETTINGS entry is handled"),
+        })
+    }
+
+    /// Sets a setting by name or variable from text, with the same parser as the environment.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        let info = find(name)?;
+        self.set_as(info, value, name)
+    }
+
+    fn set_as(&mut self, info: &SettingInfo, value: &str, shown_name: &str) -> Result<()> {
+        let bad = |expected: &str| Error::InvalidSetting {
+            name: shown_name.to_string(),
+            value: value.to_string(),
+            expected: expected.to_string(),
+        };
+        let size = || parse_size(value).ok_or_else(|| bad(SIZE_FORMS));
+        let count = || value.trim().parse::<usize>().map_err(|_| bad(COUNT_FORMS));
+        let flag = || parse_bool(value).ok_or_else(|| bad(BOOL_FORMS));
+        let mode = || {
+            value
+                .parse::<DirectMode>()
+                .map_err(|_| bad(DirectMode::FORMS))
+        };
+        match info.name {
+            "task_size" => {
+                let v = size()?;
+                if v == 0 {
+                    return Err(bad("a size of at least 1 byte"));
+                }
+                self.task_size = v;
+            }
+            "threads_per_device" => self.threads_per_device = count()?,
+            "max_threads" => {
+                let v = count()?;
+                if v == 0 {
+                    return Err(bad("at least 1 thread"));
+                }
+                self.max_threads = v;
+            }
+            "per_device_pools" => self.per_device_pools = flag()?,
+            "direct_read" => self.direct_read = mode()?,
+            "direct_write" => self.direct_write = mode()?,
+            "direct_overread" => self.direct_overread = flag()?,
+            "bounce_buffer_size" => {
+                let v = size()?;
+                if v < 4096 {
+                    return Err(bad("at least 4KiB"));
+                }
+                self.bounce_buffer_size = v;
+            }
+            "bounce_buffers" => {
+                let v = count()?;
+                if v == 0 {
+                    return Err(bad("at least 1 buffer"));
+                }
+                self.bounce_buffers = v;
+            }
+            "pinned_limit" => self.pinned_limit = size()?,
+            _ => unreachable!("every SETTINGS entry is handled"),
+        }
+        Ok(())
+    }
+}
+
+/// Restores the previous settings of this thread when dropped. Returned by [`Settings::scope`].
+#[must_use = "the override ends when the guard is dropped"]
+pub struct ScopedSettings {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for ScopedSettings {
+    fn drop(&mut self) {
+        SCOPED.with(|stack| {
+            stack.borrow_mut().pop();
+        });
+    }
+}
+
+thread_local! {
+    static SCOPED: RefCell<Vec<Settings>> = const { RefCell::new(Vec::new()) };
+}
+
+static GLOBAL: OnceLock<RwLock<Arc<Settings>>> = OnceLock::new();
+static ENV_ERROR: OnceLock<Option<String>> = OnceLock::new();
+
+fn global_cell() -> &'static RwLock<Arc<Settings>> {
+    GLOBAL.get_or_init(|| {
+        let (settings, err) = match Settings::from_env() {
+            Ok(s) => (s, None),
+            Err(e) => (Settings::default(), Some(e.to_string())),
+        };
+        let _ = ENV_ERROR.set(err);
+        RwLock::new(Arc::new(settings))
+    })
+}
+
+fn find(name: &str) -> Result<&'static SettingInfo> {
+    let key = name.trim();
+    SETTINGS
+        .iter()
+        .find(|i| i.name.eq_ignore_ascii_case(key) || i.env.eq_ignore_ascii_case(key))
+        .ok_or_else(|| Error::InvalidSetting {
+            name: name.to_string(),
+            value: String::new(),
+            expected: format!(
+                "one of the settings {}",
+                SETTINGS
+                    .iter()
+                    .map(|i| i.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        })
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// Parses `on/off/true/false/1/0/yes/no`.
+pub fn parse_bool(s: &str) -> Option<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" | "yes" => Some(true),
+        "off" | "false" | "0" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+/// Parses a human byte count: `4194304`, `4096B`, `4K`/`4KiB` (1024), `4KB` (1000), `16M`,
+/// `16MiB`, `16MB`, `2G`, `2GiB`, `2GB`, `1T`, `1TiB`, `1TB`. Case-insensitive; no fractions.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    if digits.is_empty() {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "kb" => 1_000,
+        "m" | "mib" => 1 << 20,
+        "mb" => 1_000_000,
+        "g" | "gib" => 1 << 30,
+        "gb" => 1_000_000_000,
+        "t" | "tib" => 1 << 40,
+        "tb" => 1_000_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+/// Formats a byte count for people: `4.0 MiB`, `2.00 GiB`, `512 B`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.2} {}", UNITS[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_every_form() {
+        assert_eq!(parse_size("4194304"), Some(4 << 20));
+        assert_eq!(parse_size("4MiB"), Some(4 << 20));
+        assert_eq!(parse_size("4m"), Some(4 << 20));
+        assert_eq!(parse_size("16M"), Some(16 << 20));
+        assert_eq!(parse_size("2GiB"), Some(2 << 30));
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+        assert_eq!(parse_size("4KB"), Some(4000));
+        assert_eq!(parse_size(" 512 KiB "), Some(512 << 10));
+        assert_eq!(parse_size("1.5G"), None);
+        assert_eq!(parse_size("MiB"), None);
+        assert_eq!(parse_size("4XB"), None);
+        assert_eq!(parse_size("99999999999999999999"), None);
+        assert_eq!(parse_size("20000000T"), None);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_value_and_forms() {
+        let mut s = Settings::default();
+        let e = s.set("FERRIO_TASK_SIZE", "lots").unwrap_err().to_string();
+        assert!(
+            e.contains("FERRIO_TASK_SIZE") && e.contains("\"lots\"") && e.contains("4MiB"),
+            "{e}"
+        );
+        let e = s.set("direct_read", "maybe").unwrap_err().to_string();
+        assert!(
+            e.contains("direct_read") && e.contains("off|on|auto"),
+            "{e}"
+        );
+        let e = s.set("no_such_knob", "1").unwrap_err().to_string();
+        assert!(e.contains("task_size"), "{e}");
+        assert!(s.set("task_size", "0").is_err());
+        assert!(s.set("max_threads", "0").is_err());
+        assert_eq!(s, Settings::default(), "a refused value changes nothing");
+    }
+
+    #[test]
+    fn every_setting_round_trips_by_name() {
+        let mut s = Settings::default();
+        for info in SETTINGS {
+            let v = s.get(info.name).unwrap();
+            s.set(info.env, &v).unwrap();
+            assert_eq!(s.get(info.name).unwrap(), v, "{}", info.name);
+        }
+        assert_eq!(s, Settings::default());
+        s.set("direct_read", "on").unwrap();
+        assert_eq!(s.direct_read, DirectMode::On);
+        s.set("per_device_pools", "no").unwrap();
+        assert!(!s.per_device_pools);
+    }
+
+    #[test]
+    fn scopes_nest_and_restore() {
+        let base = Settings::current();
+        {
+            let mut a = base.clone();
+            a.task_size = 123;
+            let _g = Settings::scope(a);
+            assert_eq!(Settings::current().task_size, 123);
+            {
+                let mut b = base.clone();
+                b.task_size = 456;
+                let _g2 = Settings::scope(b);
+                assert_eq!(Settings::current().task_size, 456);
+            }
+            assert_eq!(Settings::current().task_size, 123);
+        }
+        assert_eq!(Settings::current(), base);
+    }
+}

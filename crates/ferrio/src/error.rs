@@ -1,0 +1,179 @@
+//! The one error type of the library.
+//!
+//! Every variant that comes from the operating system carries what was being done, on which
+//! path, at which offset and for how many bytes, so a user can act on a single line of output.
+
+use std::io;
+use std::path::PathBuf;
+
+/// What ferrio was doing when an OS call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Op {
+    /// Opening a file.
+    Open,
+    /// Reading file bytes.
+    Read,
+    /// Writing file bytes.
+    Write,
+    /// Querying file metadata (`fstat`, `statx`).
+    Stat,
+    /// Flushing written bytes to the device.
+    Sync,
+    /// Asking the page cache about a range or dropping it.
+    PageCache,
+    /// Resolving the block device of a file through sysfs.
+    Resolve,
+    /// Copying a file.
+    Copy,
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Op::Open => "open",
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Stat => "stat",
+            Op::Sync => "sync",
+            Op::PageCache => "page-cache",
+            Op::Resolve => "resolve",
+            Op::Copy => "copy",
+        })
+    }
+}
+
+/// Errors returned by ferrio.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An OS call on a file failed.
+    #[error("{op} {path}: {source} (offset {offset}, {len} bytes)")]
+    Io {
+        /// What was being done.
+        op: Op,
+        /// The file.
+        path: PathBuf,
+        /// Byte offset in the file where the failed call started.
+        offset: u64,
+        /// Bytes the failed call asked for.
+        len: u64,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A file could not be opened.
+    #[error("cannot open {path} with mode {mode:?}: {source}")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// The mode that was asked for.
+        mode: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A setting has a value that cannot be parsed or is out of range.
+    #[error("invalid value {value:?} for {name}: expected {expected}")]
+    InvalidSetting {
+        /// The `FERRIO_*` variable (or setting name) that was given.
+        name: String,
+        /// The value as given.
+        value: String,
+        /// The accepted forms.
+        expected: String,
+    },
+    /// The caller passed an argument that cannot work (a short buffer, a bad mode, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The file was not opened for this kind of access.
+    #[error("{path} was opened with mode {mode:?}, which does not allow {op}")]
+    BadMode {
+        /// The file.
+        path: PathBuf,
+        /// The mode the file was opened with.
+        mode: String,
+        /// The refused operation.
+        op: Op,
+    },
+    /// The operation was cancelled before it finished (an earlier task failed, or Ctrl-C).
+    #[error("operation cancelled")]
+    Cancelled,
+    /// Waiting on a future took longer than the timeout; the operation goes on.
+    #[error("timed out waiting for I/O")]
+    TimedOut,
+    /// CUDA is not available in this process, and why.
+    #[error("CUDA is not available: {reason}")]
+    CudaUnavailable {
+        /// Why it could not be used (no driver library, no device, ...).
+        reason: String,
+    },
+    /// A CUDA driver call failed.
+    #[error("CUDA {call} failed: {message} (code {code})")]
+    Cuda {
+        /// The driver function.
+        call: &'static str,
+        /// The driver's result code.
+        code: i32,
+        /// The driver's description of the code.
+        message: String,
+    },
+    /// A memory pool could not satisfy a request.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Builds an [`Error::Io`].
+    pub(crate) fn io(
+        op: Op,
+        path: &std::path::Path,
+        offset: u64,
+        len: u64,
+        source: io::Error,
+    ) -> Self {
+        Error::Io {
+            op,
+            path: path.to_path_buf(),
+            offset,
+            len,
+            source,
+        }
+    }
+
+    /// The OS error behind this error, if there is one.
+    pub fn os_error(&self) -> Option<&io::Error> {
+        match self {
+            Error::Io { source, .. } | Error::Open { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// The path this error is about, if there is one.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        match self {
+            Error::Io { path, .. } | Error::Open { path, .. } | Error::BadMode { path, .. } => {
+                Some(path)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> Self {
+        let kind = match &e {
+            Error::Io { source, .. } | Error::Open { source, .. } => source.kind(),
+            Error::InvalidSetting { .. } | Error::InvalidArgument(_) => io::ErrorKind::InvalidInput,
+            Error::BadMode { .. } => io::ErrorKind::PermissionDenied,
+            Error::Cancelled => io::ErrorKind::Interrupted,
+            Error::TimedOut => io::ErrorKind::TimedOut,
+            Error::OutOfMemory(_) => io::ErrorKind::OutOfMemory,
+            _ => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e)
+    }
+}
