@@ -163,6 +163,69 @@ impl Error {
     }
 }
 
+/// `io::Error` is not `Clone`; an equal one is rebuilt from its OS code, or its kind and text.
+fn clone_io(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(e.kind(), e.to_string()),
+    }
+}
+
+impl Clone for Error {
+    fn clone(&self) -> Self {
+        match self {
+            Error::Io {
+                op,
+                path,
+                offset,
+                len,
+                source,
+            } => Error::Io {
+                op: *op,
+                path: path.clone(),
+                offset: *offset,
+                len: *len,
+                source: clone_io(source),
+            },
+            Error::Open { path, mode, source } => Error::Open {
+                path: path.clone(),
+                mode: mode.clone(),
+                source: clone_io(source),
+            },
+            Error::InvalidSetting {
+                name,
+                value,
+                expected,
+            } => Error::InvalidSetting {
+                name: name.clone(),
+                value: value.clone(),
+                expected: expected.clone(),
+            },
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::BadMode { path, mode, op } => Error::BadMode {
+                path: path.clone(),
+                mode: mode.clone(),
+                op: *op,
+            },
+            Error::Cancelled => Error::Cancelled,
+            Error::TimedOut => Error::TimedOut,
+            Error::CudaUnavailable { reason } => Error::CudaUnavailable {
+                reason: reason.clone(),
+            },
+            Error::Cuda {
+                call,
+                code,
+                message,
+            } => Error::Cuda {
+                call,
+                code: *code,
+                message: message.clone(),
+            },
+            Error::OutOfMemory(m) => Error::OutOfMemory(m.clone()),
+        }
+    }
+}
+
 impl From<Error> for io::Error {
     fn from(e: Error) -> Self {
         let kind = match &e {

@@ -1,8 +1,35 @@
 //! ferrio moves file bytes into and out of host and GPU memory as fast as the hardware allows.
+//!
+//! A [`File`] splits each read or write into tasks ([`Settings::task_size`], 4 MiB by default)
+//! that run in parallel on the worker pool of the file's block device and complete one
+//! [`IoFuture`]. Each task chooses between the page cache and `O_DIRECT` by itself
+//! ([`DirectMode`]): cold data skips the page-cache copy, hot data is served from memory.
+//!
+//! ```no_run
+//! # fn main() -> ferrio::Result<()> {
+//! let file = ferrio::File::open("/data/weights.bin", "r")?;
+//! let mut buf = vec![0u8; file.len()? as usize];
+//! let n = file.read_at(&mut buf, 0)?;          // parallel, blocking
+//! let fut = file.pread(vec![0u8; 1 << 20], 0);  // parallel, returns at once
+//! let (result, buf) = fut.into_buffer();
+//! # let _ = (n, result, buf);
+//! # Ok(()) }
+//! ```
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod buffer;
 pub mod config;
+pub mod direct;
 pub mod error;
+mod file;
+pub mod pagecache;
+pub mod plan;
+pub mod pool;
+pub mod sys;
 
+pub use buffer::{IoBuf, IoBufMut};
 pub use config::{DirectMode, Settings};
+pub use direct::DirectSupport;
 pub use error::{Error, Op, Result};
+pub use file::{stats, File, Mode, OpenOptions};
+pub use pool::{wait_all, IoFuture, PoolStats};

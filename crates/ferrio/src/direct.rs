@@ -1,0 +1,143 @@
+//! Direct-I/O policy: the alignment a file needs for `O_DIRECT`, and per task whether to use it.
+//!
+//! Alignment comes from the file system, not a constant: `statx(STATX_DIOALIGN)` where the
+//! kernel has it, else the device's logical block size from sysfs, else the page size. `auto`
+//! asks the page cache how much of a task's range is resident (`cachestat(2)`, else `mincore`)
+//! and reads through the cache when most of it is there.
+
+use std::os::fd::BorrowedFd;
+
+use crate::config::DirectMode;
+use crate::sys;
+
+/// How `O_DIRECT` can be used on one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirectSupport {
+    /// `O_DIRECT` works with these alignments.
+    Available {
+        /// Required alignment of memory addresses, in bytes.
+        mem_align: u32,
+        /// Required alignment of file offsets and lengths, in bytes.
+        offset_align: u32,
+        /// Where the alignment came from: `statx`, `sysfs` or `page size`.
+        source: &'static str,
+    },
+    /// `O_DIRECT` cannot be used; every byte goes through the page cache.
+    Unsupported {
+        /// Why (the file system refused it, or it was turned off for this file).
+        reason: String,
+    },
+}
+
+impl DirectSupport {
+    /// Whether `O_DIRECT` can be used.
+    pub fn is_available(&self) -> bool {
+        matches!(self, DirectSupport::Available { .. })
+    }
+}
+
+impl std::fmt::Display for DirectSupport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DirectSupport::Available { mem_align, offset_align, source } => write!(
+                f,
+                "yes (file offsets aligned to {offset_align} B, memory to {mem_align} B; from {source})"
+            ),
+            DirectSupport::Unsupported { reason } => write!(f, "no ({reason})"),
+        }
+    }
+}
+
+/// Finds the alignment for an `O_DIRECT` descriptor `fd` of a file on device `dev`.
+pub(crate) fn discover(fd: BorrowedFd<'_>, dev: libc::dev_t) -> DirectSupport {
+    if let Some((mem, off)) = sys::dio_align(fd) {
+        return DirectSupport::Available {
+            mem_align: mem,
+            offset_align: off,
+            source: "statx",
+        };
+    }
+    if let Some(lbs) = logical_block_size(dev) {
+        return DirectSupport::Available {
+            mem_align: lbs,
+            offset_align: lbs,
+            source: "sysfs",
+        };
+    }
+    let page = sys::page_size() as u32;
+    DirectSupport::Available {
+        mem_align: page,
+        offset_align: page,
+        source: "page size",
+    }
+}
+
+/// `queue/logical_block_size` of the device (or, for a partition, of its disk).
+fn logical_block_size(dev: libc::dev_t) -> Option<u32> {
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    if major == 0 {
+        return None;
+    }
+    let base = format!("/sys/dev/block/{major}:{minor}");
+    for p in [
+        format!("{base}/queue/logical_block_size"),
+        format!("{base}/../queue/logical_block_size"),
+    ] {
+        if let Ok(s) = std::fs::read_to_string(&p) {
+            if let Ok(v) = s.trim().parse::<u32>() {
+                if v.is_power_of_two() {
+                    return Some(v);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// A task is read through the page cache under `auto` when at least this share of it is resident.
+pub(crate) const AUTO_RESIDENT_SHARE: f64 = 0.5;
+
+/// Whether a read task on `[offset, offset+len)` should use `O_DIRECT` under `mode`.
+/// `fd` is the buffered descriptor (for the residency query).
+pub(crate) fn read_direct(mode: DirectMode, fd: BorrowedFd<'_>, offset: u64, len: usize) -> bool {
+    match mode {
+        DirectMode::Off => false,
+        DirectMode::On => true,
+        DirectMode::Auto => {
+            resident_share(fd, offset, len as u64).is_some_and(|s| s < AUTO_RESIDENT_SHARE)
+        }
+    }
+}
+
+/// Whether a write task should use `O_DIRECT` under `mode`: under `auto`, only when none of the
+/// range is cached (a direct write would have to flush and drop those pages).
+pub(crate) fn write_direct(mode: DirectMode, fd: BorrowedFd<'_>, offset: u64, len: usize) -> bool {
+    match mode {
+        DirectMode::Off => false,
+        DirectMode::On => true,
+        DirectMode::Auto => resident_share(fd, offset, len as u64).is_some_and(|s| s == 0.0),
+    }
+}
+
+/// Share (0..=1) of `[offset, offset+len)` in the page cache; `None` if the kernel cannot say.
+pub(crate) fn resident_share(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Option<f64> {
+    if len == 0 {
+        return Some(1.0);
+    }
+    let page = sys::page_size() as u64;
+    let first = offset / page;
+    let pages = (offset + len).div_ceil(page) - first;
+    let cached = match sys::cachestat(fd, offset, len) {
+        Ok(cs) => cs.cached,
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+            let size = sys::fstat(fd).ok()?.st_size as u64;
+            let end = (offset + len).min(size);
+            if end <= offset {
+                return Some(1.0);
+            }
+            sys::mincore_resident(fd, offset, end - offset).ok()?
+        }
+        Err(_) => return None,
+    };
+    Some(cached as f64 / pages as f64)
+}

@@ -1,0 +1,185 @@
+//! Pure task planning: how a byte range is split into tasks, and how a task is split into the
+//! parts that can go `O_DIRECT` and the parts that cannot.
+//!
+//! Nothing here does I/O; everything is a function of numbers, so it is covered by property
+//! tests.
+
+use std::ops::Range;
+
+/// One task: a piece of a request, `len` bytes at file offset `offset`, landing at `buf_offset`
+/// in the caller's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Task {
+    /// File offset of the first byte.
+    pub offset: u64,
+    /// Bytes in this task.
+    pub len: usize,
+    /// Where the first byte sits in the request's buffer.
+    pub buf_offset: usize,
+}
+
+impl Task {
+    /// One past the last file offset.
+    pub fn end(&self) -> u64 {
+        self.offset + self.len as u64
+    }
+}
+
+/// Splits `[offset, offset+len)` into tasks of about `task_size` bytes.
+///
+/// When `task_size >= align`, every task but the first starts at a multiple of `align` and the
+/// first one is shortened to make that so: only the first task can have an unaligned head and
+/// only the last an unaligned tail. `align` must be a power of two (1 means no alignment).
+/// A zero-length range gives no tasks.
+pub fn split(offset: u64, len: usize, task_size: u64, align: u64) -> Vec<Task> {
+    debug_assert!(align.is_power_of_two());
+    let task_size = task_size.max(1);
+    let end = offset + len as u64;
+    let step = if task_size >= align {
+        task_size / align * align
+    } else {
+        task_size
+    };
+    let mut tasks = Vec::with_capacity((len as u64 / step + 2) as usize);
+    let mut pos = offset;
+    // The first boundary: the aligned base of `offset` plus one step, so later ones are aligned.
+    let mut next = if task_size >= align {
+        align_down(offset, align) + step
+    } else {
+        offset + step
+    };
+    while pos < end {
+        let stop = next.min(end);
+        tasks.push(Task {
+            offset: pos,
+            len: (stop - pos) as usize,
+            buf_offset: (pos - offset) as usize,
+        });
+        pos = stop;
+        next = stop + step;
+    }
+    tasks
+}
+
+/// The parts of a file range for direct I/O: an unaligned head, an aligned middle (start and end
+/// multiples of `align`) and an unaligned tail. Any part may be empty; together they are the range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectParts {
+    /// Bytes before the first aligned offset (buffered I/O).
+    pub head: Range<u64>,
+    /// The aligned middle (direct I/O).
+    pub middle: Range<u64>,
+    /// Bytes after the last aligned offset (buffered I/O).
+    pub tail: Range<u64>,
+}
+
+/// Splits `[offset, end)` into head, aligned middle and tail for `align` (a power of two).
+pub fn direct_parts(offset: u64, end: u64, align: u64) -> DirectParts {
+    let a = align_up(offset, align).min(end);
+    let b = align_down(end, align).max(a);
+    DirectParts {
+        head: offset..a,
+        middle: a..b,
+        tail: b..end,
+    }
+}
+
+/// The aligned span that covers `[offset, end)` for over-read: start rounded down, end rounded up.
+pub fn overread_span(offset: u64, end: u64, align: u64) -> Range<u64> {
+    align_down(offset, align)..align_up(end, align)
+}
+
+/// Rounds `x` down to a multiple of `align` (a power of two).
+pub fn align_down(x: u64, align: u64) -> u64 {
+    x & !(align - 1)
+}
+
+/// Rounds `x` up to a multiple of `align` (a power of two).
+pub fn align_up(x: u64, align: u64) -> u64 {
+    (x + align - 1) & !(align - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn aligns() -> impl Strategy<Value = u64> {
+        prop::sample::select(vec![1u64, 512, 4096])
+    }
+
+    proptest! {
+        #[test]
+        fn tasks_cover_the_range_exactly_once(
+            offset in 0u64..1 << 40, len in 0usize..64 << 20, task in 1u64..16 << 20, align in aligns()
+        ) {
+            let tasks = split(offset, len, task, align);
+            let mut pos = offset;
+            for t in &tasks {
+                prop_assert_eq!(t.offset, pos, "contiguous, no overlap, no gap");
+                prop_assert!(t.len > 0);
+                prop_assert_eq!(t.buf_offset as u64, t.offset - offset);
+                prop_assert!(t.len as u64 <= task, "task {} > task size {}", t.len, task);
+                pos = t.end();
+            }
+            prop_assert_eq!(pos, offset + len as u64);
+            if len == 0 { prop_assert!(tasks.is_empty()); }
+        }
+
+        #[test]
+        fn every_task_but_the_first_starts_aligned(
+            offset in 0u64..1 << 40, len in 1usize..64 << 20, task in 1u64..16 << 20, align in aligns()
+        ) {
+            prop_assume!(task >= align);
+            let tasks = split(offset, len, task, align);
+            for t in tasks.iter().skip(1) {
+                prop_assert_eq!(t.offset % align, 0);
+            }
+            // Only the first task is shortened: all the middle ones are full steps.
+            let step = task / align * align;
+            if tasks.len() > 2 {
+                for t in &tasks[1..tasks.len() - 1] {
+                    prop_assert_eq!(t.len as u64, step);
+                }
+            }
+        }
+
+        #[test]
+        fn direct_parts_partition_the_range(offset in 0u64..1 << 40, len in 0u64..1 << 24, align in aligns()) {
+            let end = offset + len;
+            let p = direct_parts(offset, end, align);
+            prop_assert_eq!(p.head.start, offset);
+            prop_assert_eq!(p.head.end, p.middle.start);
+            prop_assert_eq!(p.middle.end, p.tail.start);
+            prop_assert_eq!(p.tail.end, end);
+            prop_assert_eq!(p.middle.start % align, 0);
+            prop_assert_eq!(p.middle.end % align, 0);
+            prop_assert!(p.head.end - p.head.start < align);
+            prop_assert!(p.tail.end - p.tail.start < align);
+        }
+
+        #[test]
+        fn overread_span_is_aligned_and_covers(offset in 0u64..1 << 40, len in 0u64..1 << 24, align in aligns()) {
+            let s = overread_span(offset, offset + len, align);
+            prop_assert!(s.start <= offset && s.end >= offset + len);
+            prop_assert_eq!(s.start % align, 0);
+            prop_assert_eq!(s.end % align, 0);
+            prop_assert!(offset - s.start < align && s.end - (offset + len) < align);
+        }
+    }
+
+    #[test]
+    fn first_task_is_shortened() {
+        let t = split(100, 10_000, 4096, 4096);
+        assert_eq!(
+            t[0],
+            Task {
+                offset: 100,
+                len: 3996,
+                buf_offset: 0
+            }
+        );
+        assert_eq!(t[1].offset, 4096);
+        assert_eq!(t.last().unwrap().end(), 10_100);
+    }
+}

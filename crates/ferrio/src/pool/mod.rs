@@ -1,0 +1,350 @@
+//! Worker pools: one per block device (or one global pool), a registry that finds them, the
+//! global thread cap, per-pool statistics, and [`IoFuture`].
+//!
+//! A pool runs *jobs*. A job is one request split into tasks. Workers take tasks round-robin
+//! across the jobs queued on their pool: after a worker claims a task of the job at the front,
+//! the job goes to the back. So a huge read cannot starve a small one behind it; each gets a
+//! share of the pool's threads. Threads start lazily when work arrives and live for the rest of
+//! the process. The pool knows nothing of files: a job carries a closure that runs one task.
+//!
+//! Lock order: the registry lock is never held while a pool's queue lock is taken; a pool's
+//! queue lock is held only to push or pop jobs (never across a task or a syscall); a
+//! [`Completion`] lock is taken last and only by `future.rs`.
+
+mod future;
+
+pub(crate) use future::Completion;
+pub use future::{wait_all, IoFuture};
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use crate::error::Result;
+use crate::plan::Task;
+use crate::sys::AlignedBuf;
+
+/// Per-thread state a task may use: scratch memory for unaligned direct I/O, reused across
+/// tasks so no task allocates.
+pub(crate) struct Worker {
+    scratch: Option<AlignedBuf>,
+}
+
+/// Bytes of each worker's aligned scratch buffer. Direct I/O into unaligned memory and
+/// over-read go through it in windows of this size; total scratch memory is capped by the thread
+/// cap times this.
+pub(crate) const SCRATCH_BYTES: usize = 4 << 20;
+
+impl Worker {
+    fn new() -> Worker {
+        Worker { scratch: None }
+    }
+
+    /// The worker's scratch buffer, aligned to `align` (allocated on first use, reused after).
+    pub(crate) fn scratch(&mut self, align: usize) -> Option<&mut AlignedBuf> {
+        let align = align.max(crate::sys::page_size());
+        if self.scratch.as_ref().is_none_or(|s| s.align() < align) {
+            self.scratch = Some(AlignedBuf::new(SCRATCH_BYTES, align)?);
+        }
+        self.scratch.as_mut()
+    }
+}
+
+thread_local! {
+    /// The worker state of the calling thread, for tasks run inline on it.
+    static INLINE_WORKER: std::cell::RefCell<Worker> = std::cell::RefCell::new(Worker::new());
+}
+
+/// Direction of a job, for statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
+    Read,
+    Write,
+}
+
+/// Runs one task of a job on a worker; returns the bytes moved.
+pub(crate) type TaskFn = dyn Fn(&mut Worker, &Task) -> Result<usize> + Send + Sync;
+
+struct Job {
+    tasks: Vec<Task>,
+    next: AtomicUsize,
+    run: Box<TaskFn>,
+    completion: Arc<Completion>,
+    direction: Direction,
+}
+
+/// Statistics of one pool, as counted since it started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// The pool's key: the device (or device set, or file system) it serves.
+    pub key: String,
+    /// Worker threads started.
+    pub threads: usize,
+    /// Most threads it may start.
+    pub max_threads: usize,
+    /// Bytes read by its tasks.
+    pub bytes_read: u64,
+    /// Bytes written by its tasks.
+    pub bytes_written: u64,
+    /// Tasks run (including failed ones).
+    pub tasks: u64,
+    /// Tasks queued and not yet started.
+    pub queued: u64,
+    /// Nanoseconds workers spent running tasks, summed over workers.
+    pub busy_ns: u64,
+    /// Bytes read or written with `O_DIRECT`.
+    pub bytes_direct: u64,
+    /// Bytes read or written through the page cache.
+    pub bytes_buffered: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    tasks: AtomicU64,
+    queued: AtomicU64,
+    busy_ns: AtomicU64,
+    bytes_direct: AtomicU64,
+    bytes_buffered: AtomicU64,
+}
+
+/// A set of worker threads serving one device (or, in global mode, everything).
+pub struct DevicePool {
+    key: String,
+    max_threads: AtomicUsize,
+    queue: Mutex<VecDeque<Arc<Job>>>,
+    ready: Condvar,
+    started: AtomicUsize,
+    counters: Counters,
+}
+
+/// Threads started by all pools together (checked against the global cap).
+static TOTAL_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+impl DevicePool {
+    fn new(key: String, max_threads: usize) -> Arc<DevicePool> {
+        Arc::new(DevicePool {
+            key,
+            max_threads: AtomicUsize::new(max_threads.max(1)),
+            queue: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+            started: AtomicUsize::new(0),
+            counters: Counters::default(),
+        })
+    }
+
+    /// The pool's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn lock(&self) -> MutexGuard<'_, VecDeque<Arc<Job>>> {
+        // Only whole pushes/pops happen under this lock, so a poisoned queue is consistent.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a request's tasks and returns at once. Small single-task requests run inline on
+    /// the calling thread (a thread hop would cost more than the I/O).
+    pub(crate) fn submit(
+        self: &Arc<Self>,
+        tasks: Vec<Task>,
+        completion: Arc<Completion>,
+        direction: Direction,
+        inline_ok: bool,
+        thread_cap: usize,
+        run: Box<TaskFn>,
+    ) {
+        if tasks.is_empty() {
+            return;
+        }
+        if inline_ok && tasks.len() == 1 && tasks[0].len <= INLINE_MAX_BYTES {
+            let job = Job {
+                tasks,
+                next: AtomicUsize::new(1),
+                run,
+                completion,
+                direction,
+            };
+            INLINE_WORKER.with(|w| self.run_task(&mut w.borrow_mut(), &job, 0));
+            return;
+        }
+        let n = tasks.len();
+        let job = Arc::new(Job {
+            tasks,
+            next: AtomicUsize::new(0),
+            run,
+            completion,
+            direction,
+        });
+        self.counters.queued.fetch_add(n as u64, Ordering::Relaxed);
+        self.lock().push_back(job);
+        self.grow(n, thread_cap);
+        if n == 1 {
+            self.ready.notify_one();
+        } else {
+            self.ready.notify_all();
+        }
+    }
+
+    /// Starts threads up to this pool's size while there is queued work for them, within the
+    /// global cap (a pool always gets its first thread, so no device is left without one).
+    fn grow(self: &Arc<Self>, queued_tasks: usize, thread_cap: usize) {
+        let want = queued_tasks.min(self.max_threads.load(Ordering::Relaxed));
+        loop {
+            let have = self.started.load(Ordering::Acquire);
+            if have >= want {
+                return;
+            }
+            if have > 0 && TOTAL_THREADS.load(Ordering::Acquire) >= thread_cap {
+                return;
+            }
+            if self
+                .started
+                .compare_exchange(have, have + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            TOTAL_THREADS.fetch_add(1, Ordering::AcqRel);
+            let pool = Arc::clone(self);
+            let name = format!("ferrio-{}-{}", self.key, have);
+            if std::thread::Builder::new()
+                .name(name)
+                .spawn(move || pool.work())
+                .is_err()
+            {
+                // Out of threads: the ones already running will drain the queue.
+                self.started.fetch_sub(1, Ordering::AcqRel);
+                TOTAL_THREADS.fetch_sub(1, Ordering::AcqRel);
+                return;
+            }
+        }
+    }
+
+    fn work(self: Arc<Self>) {
+        let mut worker = Worker::new();
+        loop {
+            let (job, index) = {
+                let mut q = self.lock();
+                loop {
+                    if let Some(job) = q.pop_front() {
+                        let index = job.next.fetch_add(1, Ordering::Relaxed);
+                        if index + 1 < job.tasks.len() {
+                            // Round-robin: the job waits behind the others for its next task.
+                            q.push_back(Arc::clone(&job));
+                        }
+                        if index < job.tasks.len() {
+                            break (job, index);
+                        }
+                        continue;
+                    }
+                    q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
+            self.run_task(&mut worker, &job, index);
+        }
+    }
+
+    fn run_task(&self, worker: &mut Worker, job: &Job, index: usize) {
+        let task = &job.tasks[index];
+        if job.completion.is_cancelled() {
+            job.completion.finish_task(task, None);
+            return;
+        }
+        let t0 = Instant::now();
+        let outcome = (job.run)(worker, task);
+        let c = &self.counters;
+        c.busy_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        c.tasks.fetch_add(1, Ordering::Relaxed);
+        if let Ok(n) = outcome {
+            let bytes = match job.direction {
+                Direction::Read => &c.bytes_read,
+                Direction::Write => &c.bytes_written,
+            };
+            bytes.fetch_add(n as u64, Ordering::Relaxed);
+            job.completion.add_progress(n as u64);
+        }
+        job.completion.finish_task(task, Some(outcome));
+    }
+
+    /// Counts bytes moved with or without `O_DIRECT` (called by tasks).
+    pub(crate) fn count_path(&self, direct: bool, n: usize) {
+        let c = if direct {
+            &self.counters.bytes_direct
+        } else {
+            &self.counters.bytes_buffered
+        };
+        c.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// A snapshot of the pool's statistics.
+    pub fn stats(&self) -> PoolStats {
+        let c = &self.counters;
+        PoolStats {
+            key: self.key.clone(),
+            threads: self.started.load(Ordering::Relaxed),
+            max_threads: self.max_threads.load(Ordering::Relaxed),
+            bytes_read: c.bytes_read.load(Ordering::Relaxed),
+            bytes_written: c.bytes_written.load(Ordering::Relaxed),
+            tasks: c.tasks.load(Ordering::Relaxed),
+            queued: c.queued.load(Ordering::Relaxed),
+            busy_ns: c.busy_ns.load(Ordering::Relaxed),
+            bytes_direct: c.bytes_direct.load(Ordering::Relaxed),
+            bytes_buffered: c.bytes_buffered.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl std::fmt::Debug for DevicePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevicePool")
+            .field("key", &self.key)
+            .field("threads", &self.started.load(Ordering::Relaxed))
+            .field("max_threads", &self.max_threads.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// Requests of one task up to this size run on the calling thread.
+const INLINE_MAX_BYTES: usize = 64 << 10;
+
+fn registry() -> &'static Mutex<HashMap<String, Arc<DevicePool>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<DevicePool>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// The pool for `key`, created (without threads) on first use, sized for `threads` threads.
+/// A later call with another size resizes it: growing takes effect with the next request;
+/// shrinking stops new threads from starting (running ones stay).
+pub(crate) fn pool_for(key: &str, threads: usize) -> Arc<DevicePool> {
+    let pool = {
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(
+            reg.entry(key.to_string())
+                .or_insert_with(|| DevicePool::new(key.to_string(), threads)),
+        )
+    };
+    pool.max_threads.store(threads.max(1), Ordering::Relaxed);
+    pool
+}
+
+/// Statistics of every pool started so far, sorted by key.
+pub fn stats() -> Vec<PoolStats> {
+    let pools: Vec<Arc<DevicePool>> = {
+        let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        reg.values().cloned().collect()
+    };
+    let mut v: Vec<PoolStats> = pools.iter().map(|p| p.stats()).collect();
+    v.sort_by(|a, b| a.key.cmp(&b.key));
+    v
+}
+
+/// I/O worker threads started by all pools together.
+pub fn total_threads() -> usize {
+    TOTAL_THREADS.load(Ordering::Relaxed)
+}

@@ -1,0 +1,316 @@
+//! Every raw syscall ferrio makes, wrapped so that callers get `io::Result` and never see `errno`.
+//!
+//! This module owns file descriptors' syscalls (open, pread/pwrite loops, statx, cachestat,
+//! fadvise, mincore) and aligned allocations. Nothing here knows about tasks, pools or settings.
+
+mod aligned;
+
+pub use aligned::AlignedBuf;
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// `open(2)` with `O_CLOEXEC` added; retried on `EINTR`.
+pub fn open(path: &Path, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    let c = c_path(path)?;
+    loop {
+        // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+        let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
+        match cvt(fd) {
+            // SAFETY: `fd` was just returned by open(2) and is owned by nobody else.
+            Ok(fd) => return Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// `fstat(2)`.
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero `stat` is a valid value for this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open for the duration of the call and `st` is writable.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(st)
+}
+
+/// Reads into `buf` at `offset` until it is full or end of file; retries `EINTR` and partial
+/// reads. Returns the bytes read (short only at end of file).
+///
+/// # Safety
+/// `buf` must be valid for writes of `len` bytes for the whole call.
+pub unsafe fn pread_full(
+    fd: BorrowedFd<'_>,
+    buf: *mut u8,
+    len: usize,
+    offset: u64,
+) -> io::Result<usize> {
+    let mut done = 0usize;
+    while done < len {
+        let want = (len - done).min(MAX_IO);
+        // SAFETY: the caller guarantees `buf..buf+len` is writable; `done + want <= len`.
+        let n = unsafe {
+            libc::pread(
+                fd.as_raw_fd(),
+                buf.add(done).cast(),
+                want,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+    }
+    Ok(done)
+}
+
+/// Writes all of `buf` at `offset`; retries `EINTR` and partial writes.
+///
+/// # Safety
+/// `buf` must be valid for reads of `len` bytes for the whole call.
+pub unsafe fn pwrite_full(
+    fd: BorrowedFd<'_>,
+    buf: *const u8,
+    len: usize,
+    offset: u64,
+) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let want = (len - done).min(MAX_IO);
+        // SAFETY: the caller guarantees `buf..buf+len` is readable; `done + want <= len`.
+        let n = unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                buf.add(done).cast(),
+                want,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "write returned 0 bytes",
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// Linux transfers at most this much in one read/write call.
+const MAX_IO: usize = 0x7fff_f000;
+
+/// Direct-I/O alignment the file system reports through `statx(STATX_DIOALIGN)`:
+/// `(memory alignment, file offset alignment)`, or `None` where the kernel or file system does
+/// not say (or says direct I/O is unsupported).
+pub fn dio_align(fd: BorrowedFd<'_>) -> Option<(u32, u32)> {
+    // SAFETY: an all-zero `statx` is a valid value for this plain C struct.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let empty = c"";
+    // SAFETY: `fd` is open, the path is an empty C string used with AT_EMPTY_PATH, `stx` is
+    // writable.
+    let r = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if r != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+        return None;
+    }
+    if stx.stx_dio_mem_align == 0 || stx.stx_dio_offset_align == 0 {
+        return None;
+    }
+    Some((stx.stx_dio_mem_align, stx.stx_dio_offset_align))
+}
+
+/// Page-cache state of a file range, in pages, from `cachestat(2)` (Linux 6.5+).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStat {
+    /// Pages of the range in the page cache.
+    pub cached: u64,
+    /// Cached pages that are dirty.
+    pub dirty: u64,
+    /// Pages under writeback.
+    pub writeback: u64,
+}
+
+#[repr(C)]
+struct CachestatRange {
+    off: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct RawCachestat {
+    nr_cache: u64,
+    nr_dirty: u64,
+    nr_writeback: u64,
+    nr_evicted: u64,
+    nr_recently_evicted: u64,
+}
+
+/// The `cachestat` syscall number: the same on every architecture that has it (generic table).
+const SYS_CACHESTAT: libc::c_long = 451;
+
+/// `cachestat(2)` of `[offset, offset+len)`; `ENOSYS` on kernels before 6.5.
+pub fn cachestat(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<CacheStat> {
+    let range = CachestatRange { off: offset, len };
+    let mut out = RawCachestat::default();
+    // SAFETY: both structs match the kernel's layout (five/two u64s) and outlive the call.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd.as_raw_fd(),
+            &range as *const CachestatRange,
+            &mut out as *mut RawCachestat,
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(CacheStat {
+        cached: out.nr_cache,
+        dirty: out.nr_dirty,
+        writeback: out.nr_writeback,
+    })
+}
+
+/// Counts the resident pages of `[offset, offset+len)` with `mmap` + `mincore` (the fallback for
+/// kernels without `cachestat`). The range must lie inside the file.
+pub fn mincore_resident(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<u64> {
+    if len == 0 {
+        return Ok(0);
+    }
+    let page = page_size() as u64;
+    let start = offset / page * page;
+    let map_len = (offset + len - start) as usize;
+    // SAFETY: mapping a file read-only and shared has no effect on memory we own; the result is
+    // checked against MAP_FAILED.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            start as libc::off_t,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let pages = map_len.div_ceil(page as usize);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `addr..addr+map_len` is our mapping and `vec` has one byte per page.
+    let r = unsafe { libc::mincore(addr, map_len, vec.as_mut_ptr()) };
+    let err = (r != 0).then(io::Error::last_os_error);
+    // SAFETY: unmapping exactly the mapping created above, which nothing else references.
+    unsafe { libc::munmap(addr, map_len) };
+    if let Some(e) = err {
+        return Err(e);
+    }
+    Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64)
+}
+
+/// `posix_fadvise(POSIX_FADV_DONTNEED)`: asks the kernel to drop the clean cached pages of a range
+/// (`len` 0 means to end of file).
+pub fn fadvise_dontneed(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on an open descriptor.
+    let r = unsafe {
+        libc::posix_fadvise(
+            fd.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}
+
+/// `fdatasync(2)`.
+pub fn fdatasync(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain syscall on an open descriptor.
+    cvt(unsafe { libc::fdatasync(fd.as_raw_fd()) }).map(|_| ())
+}
+
+/// `ftruncate(2)`.
+pub fn ftruncate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on an open descriptor.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) }).map(|_| ())
+}
+
+/// `statfs(2)` `f_type` of the file system holding `fd`.
+pub fn fs_magic(fd: BorrowedFd<'_>) -> io::Result<i64> {
+    // SAFETY: an all-zero `statfs` is a valid value for this plain C struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` is writable.
+    cvt(unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) })?;
+    Ok(st.f_type as i64)
+}
+
+/// The system's page size in bytes.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+/// CPU time (user + system) this process has used, in seconds.
+pub fn process_cpu_seconds() -> f64 {
+    // SAFETY: an all-zero `rusage` is a valid value and `getrusage` only writes into it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is writable.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}

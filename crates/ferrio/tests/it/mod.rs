@@ -1,0 +1,5 @@
+mod common;
+mod direct;
+mod engine;
+mod errors;
+mod pagecache;

@@ -1,0 +1,3 @@
+//! ferrio's integration tests: one binary, modules by topic.
+
+mod it;
