@@ -1,8 +1,10 @@
 //! ferrio moves file bytes into and out of host and GPU memory as fast as the hardware allows.
 #![deny(rustdoc::broken_intra_doc_links)]
 
+pub mod blockdev;
 pub mod config;
 pub mod error;
+mod sys;
 
 pub use config::{DirectMode, Settings};
 pub use error::{Error, Op, Result};
