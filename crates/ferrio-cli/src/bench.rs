@@ -61,12 +61,18 @@ impl Rows {
     fn add(&mut self, name: &'static str, s: Sample) {
         match self.0.iter_mut().find(|r| r.name == name) {
             Some(r) => r.samples.push(s),
-            None => self.0.push(Row { name, samples: vec![s] }),
+            None => self.0.push(Row {
+                name,
+                samples: vec![s],
+            }),
         }
     }
 
     fn median(&self, name: &str) -> Option<f64> {
-        self.0.iter().find(|r| r.name == name).map(|r| r.median(|s| s.gib_per_s))
+        self.0
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.median(|s| s.gib_per_s))
     }
 }
 
@@ -112,7 +118,9 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     for round in 1..=a.rounds {
         check_interrupt()?;
         say(&format!("round {round}/{}: write", a.rounds));
-        let f = ferrio::File::options().settings(settings.clone()).open(&path, "w+")?;
+        let f = ferrio::File::options()
+            .settings(settings.clone())
+            .open(&path, "w+")?;
         let s = measure(a.size, || {
             crate::write::write_generated(&f, a.size, true)?;
             f.sync()?;
@@ -120,7 +128,9 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         })?;
         rows.add("ferrio write (synced)", s);
         info.get_or_insert_with(|| describe(&f));
-        let f = ferrio::File::options().settings(settings.clone()).open(&path, "r")?;
+        let f = ferrio::File::options()
+            .settings(settings.clone())
+            .open(&path, "r")?;
 
         say(&format!("round {round}/{}: cold reads", a.rounds));
         check_interrupt()?;
@@ -130,7 +140,10 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
             check_interrupt()?;
             rows.add("fio io_uring direct cold", fio(&path, a.size, true, false)?);
             check_interrupt()?;
-            rows.add("fio io_uring buffered cold", fio(&path, a.size, false, false)?);
+            rows.add(
+                "fio io_uring buffered cold",
+                fio(&path, a.size, false, false)?,
+            );
             check_interrupt()?;
             ferrio::pagecache::drop_file(&path)?;
             rows.add("dd bs=16M direct cold", dd(&path, a.size, true)?);
@@ -142,7 +155,10 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         rows.add("ferrio hot", measure(a.size, || read_all(&f, &mut buf))?);
         if a.compare {
             check_interrupt()?;
-            rows.add("fio io_uring buffered hot", fio(&path, a.size, false, true)?);
+            rows.add(
+                "fio io_uring buffered hot",
+                fio(&path, a.size, false, true)?,
+            );
             check_interrupt()?;
             rows.add("dd bs=16M hot", dd(&path, a.size, false)?);
         }
@@ -150,11 +166,27 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     drop(buf);
 
     let ratios: Vec<(&str, f64)> = [
-        ("cold read vs fio io_uring O_DIRECT", "ferrio cold", "fio io_uring direct cold"),
-        ("cold read vs fio buffered", "ferrio cold", "fio io_uring buffered cold"),
-        ("cold read vs dd direct", "ferrio cold", "dd bs=16M direct cold"),
+        (
+            "cold read vs fio io_uring O_DIRECT",
+            "ferrio cold",
+            "fio io_uring direct cold",
+        ),
+        (
+            "cold read vs fio buffered",
+            "ferrio cold",
+            "fio io_uring buffered cold",
+        ),
+        (
+            "cold read vs dd direct",
+            "ferrio cold",
+            "dd bs=16M direct cold",
+        ),
         ("hot read vs dd", "ferrio hot", "dd bs=16M hot"),
-        ("hot read vs fio buffered", "ferrio hot", "fio io_uring buffered hot"),
+        (
+            "hot read vs fio buffered",
+            "ferrio hot",
+            "fio io_uring buffered hot",
+        ),
     ]
     .into_iter()
     .filter_map(|(label, a, b)| Some((label, rows.median(a)? / rows.median(b)?)))
@@ -214,7 +246,10 @@ fn measure(bytes: u64, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result
     f()?;
     let secs = t0.elapsed().as_secs_f64();
     let cpu = ferrio::sys::process_cpu_seconds() - cpu0;
-    Ok(Sample { gib_per_s: gibps(bytes, secs), cpu_s_per_gib: cpu / gib(bytes) })
+    Ok(Sample {
+        gib_per_s: gibps(bytes, secs),
+        cpu_s_per_gib: cpu / gib(bytes),
+    })
 }
 
 fn gib(bytes: u64) -> f64 {
@@ -224,14 +259,20 @@ fn gib(bytes: u64) -> f64 {
 fn read_all(f: &ferrio::File, buf: &mut [u8]) -> anyhow::Result<()> {
     let n = f.read_at(buf, 0)?;
     if n != buf.len() {
-        bail!("{}: read {n} of {} bytes (file changed during the benchmark?)", f.path().display(), buf.len());
+        bail!(
+            "{}: read {n} of {} bytes (file changed during the benchmark?)",
+            f.path().display(),
+            buf.len()
+        );
     }
     Ok(())
 }
 
 /// Brings the whole file into the page cache with buffered reads.
 fn warm(path: &Path) -> anyhow::Result<()> {
-    let f = ferrio::File::options().direct_read(ferrio::DirectMode::Off).open(path, "r")?;
+    let f = ferrio::File::options()
+        .direct_read(ferrio::DirectMode::Off)
+        .open(path, "r")?;
     let mut buf = vec![0u8; 64 << 20];
     let mut off = 0;
     loop {
@@ -267,19 +308,28 @@ fn fio(path: &Path, size: u64, direct: bool, hot: bool) -> anyhow::Result<Sample
     .arg(format!("--invalidate={}", u8::from(!hot)));
     let output = cmd.stderr(Stdio::piped()).output().context("running fio")?;
     if !output.status.success() {
-        bail!("fio failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+        bail!(
+            "fio failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
     }
     let v: Value = serde_json::from_slice(&output.stdout).context("parsing fio's JSON output")?;
-    let bw = v["jobs"][0]["read"]["bw_bytes"].as_f64().context("fio output has no read bw_bytes")?;
+    let bw = v["jobs"][0]["read"]["bw_bytes"]
+        .as_f64()
+        .context("fio output has no read bw_bytes")?;
     let cpu = children_cpu() - cpu0;
-    Ok(Sample { gib_per_s: bw / (1u64 << 30) as f64, cpu_s_per_gib: cpu / gib(size) })
+    Ok(Sample {
+        gib_per_s: bw / (1u64 << 30) as f64,
+        cpu_s_per_gib: cpu / gib(size),
+    })
 }
 
 /// One dd read of the whole file with 16 MiB blocks.
 fn dd(path: &Path, size: u64, direct: bool) -> anyhow::Result<Sample> {
     let cpu0 = children_cpu();
     let mut cmd = Command::new("dd");
-    cmd.arg(format!("if={}", path.display())).args(["of=/dev/null", "bs=16M", "status=none"]);
+    cmd.arg(format!("if={}", path.display()))
+        .args(["of=/dev/null", "bs=16M", "status=none"]);
     if direct {
         cmd.arg("iflag=direct");
     }
@@ -287,10 +337,16 @@ fn dd(path: &Path, size: u64, direct: bool) -> anyhow::Result<Sample> {
     let output = cmd.stderr(Stdio::piped()).output().context("running dd")?;
     let secs = t0.elapsed().as_secs_f64();
     if !output.status.success() {
-        bail!("dd failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+        bail!(
+            "dd failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
     }
     let cpu = children_cpu() - cpu0;
-    Ok(Sample { gib_per_s: gibps(size, secs), cpu_s_per_gib: cpu / gib(size) })
+    Ok(Sample {
+        gib_per_s: gibps(size, secs),
+        cpu_s_per_gib: cpu / gib(size),
+    })
 }
 
 fn which(tool: &str) -> Option<PathBuf> {

@@ -117,20 +117,38 @@ fn report(e: &anyhow::Error) -> i32 {
             return 0;
         }
     }
-    eprintln!("ferrio: {e:#}");
+    eprintln!("ferrio: {}", one_line(e));
     if e.downcast_ref::<UsageError>().is_some() {
         return 2;
     }
     match e.downcast_ref::<ferrio::Error>() {
         Some(ferrio::Error::InvalidArgument(_) | ferrio::Error::InvalidSetting { .. }) => 2,
         Some(ferrio::Error::Open { source, .. })
-            if matches!(source.kind(), ErrorKind::NotFound | ErrorKind::PermissionDenied)
-                || source.raw_os_error() == Some(libc::EISDIR) =>
+            if matches!(
+                source.kind(),
+                ErrorKind::NotFound | ErrorKind::PermissionDenied
+            ) || source.raw_os_error() == Some(libc::EISDIR) =>
         {
             2
         }
         _ => 1,
     }
+}
+
+/// The error and its causes on one line, skipping a cause whose text the message already holds
+/// (ferrio's errors include their OS error).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !msg.contains(&text) {
+            if !msg.is_empty() {
+                msg.push_str(": ");
+            }
+            msg.push_str(&text);
+        }
+    }
+    msg
 }
 
 /// Parses a human size for clap (`4KiB`, `16M`, `2GiB`, `4194304`).
@@ -141,7 +159,8 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
 
 /// Parses `off`/`on`/`auto`.
 pub(crate) fn parse_direct(s: &str) -> Result<ferrio::DirectMode, String> {
-    s.parse().map_err(|_| format!("{s:?} is not one of {}", ferrio::DirectMode::FORMS))
+    s.parse()
+        .map_err(|_| format!("{s:?} is not one of {}", ferrio::DirectMode::FORMS))
 }
 
 /// Prints a line to stdout, turning a closed pipe into an error [`report`] treats as success.

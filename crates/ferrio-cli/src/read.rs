@@ -42,7 +42,9 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
             if a.cold {
                 ferrio::pagecache::drop_file(p)?;
             }
-            ferrio::File::options().settings(settings.clone()).open(p, "r")
+            ferrio::File::options()
+                .settings(settings.clone())
+                .open(p, "r")
         })
         .collect::<ferrio::Result<Vec<_>>>()?;
     let total: u64 = files.iter().map(|f| f.len()).sum::<ferrio::Result<u64>>()?;
@@ -53,7 +55,13 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         let handles: Vec<_> = files.iter().map(|f| s.spawn(move || read_one(f))).collect();
         loop {
             let done = handles.iter().all(|h| h.is_finished());
-            progress.set(ferrio::stats().iter().map(|p| p.bytes_read).sum::<u64>().min(total));
+            progress.set(
+                ferrio::stats()
+                    .iter()
+                    .map(|p| p.bytes_read)
+                    .sum::<u64>()
+                    .min(total),
+            );
             if done {
                 break;
             }
@@ -61,7 +69,10 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         }
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("reader thread panicked"))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("reader thread panicked")))
+            })
             .collect::<anyhow::Result<Vec<Outcome>>>()
     })?;
     drop(progress);
@@ -110,11 +121,17 @@ fn read_one(f: &ferrio::File) -> anyhow::Result<Outcome> {
     while off < len {
         check_interrupt()?;
         let want = (len - off).min(window as u64) as usize;
-        let n = f.read_at(&mut buf[..want], off).with_context(|| format!("reading {}", f.path().display()))?;
+        let n = f
+            .read_at(&mut buf[..want], off)
+            .with_context(|| format!("reading {}", f.path().display()))?;
         if n == 0 {
             break; // truncated under us: report what was there
         }
         off += n as u64;
     }
-    Ok(Outcome { path: f.path().to_path_buf(), bytes: off, secs: t0.elapsed().as_secs_f64() })
+    Ok(Outcome {
+        path: f.path().to_path_buf(),
+        bytes: off,
+        secs: t0.elapsed().as_secs_f64(),
+    })
 }

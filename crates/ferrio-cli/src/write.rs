@@ -27,7 +27,9 @@ pub(crate) struct Args {
 
 pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     let settings = a.io.settings();
-    let f = ferrio::File::options().settings(settings).open(&a.path, "w")?;
+    let f = ferrio::File::options()
+        .settings(settings)
+        .open(&a.path, "w")?;
     let cpu0 = ferrio::sys::process_cpu_seconds();
     let t0 = Instant::now();
     let written = write_generated(&f, a.size, a.io.json)?;

@@ -17,6 +17,7 @@
 //! ```
 #![deny(rustdoc::broken_intra_doc_links)]
 
+pub mod blockdev;
 mod buffer;
 pub mod config;
 pub mod direct;
