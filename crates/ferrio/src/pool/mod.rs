@@ -9,7 +9,7 @@
 //!
 //! Lock order: the registry lock is never held while a pool's queue lock is taken; a pool's
 //! queue lock is held only to push or pop jobs (never across a task or a syscall); a
-//! [`Completion`] lock is taken last and only by `future.rs`.
+//! `Completion` lock is taken last and only by `future.rs`.
 
 mod future;
 
