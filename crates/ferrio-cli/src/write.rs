@@ -1,4 +1,4 @@
-//! `ferrio write PATH --size SIZE`: writes generated data.
+//! `ferrio write PATH... --size SIZE`: writes generated data, to several files at once.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -13,9 +13,10 @@ const WINDOW: u64 = 256 << 20;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
-    /// File to create (or overwrite)
-    path: PathBuf,
-    /// How much to write, e.g. 2GiB
+    /// Files to create (or overwrite), all written at once, each on its device's pool
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// How much to write to each file, e.g. 2GiB
     #[arg(long, value_parser = parse_size)]
     size: u64,
     /// Do not flush to the device at the end (measures the page cache, not the disk)
@@ -27,33 +28,75 @@ pub(crate) struct Args {
 
 pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     let settings = a.io.settings();
-    let f = ferrio::File::options()
-        .settings(settings)
-        .open(&a.path, "w")?;
+    let files = a
+        .paths
+        .iter()
+        .map(|p| {
+            ferrio::File::options()
+                .settings(settings.clone())
+                .open(p, "w")
+        })
+        .collect::<ferrio::Result<Vec<_>>>()?;
     let cpu0 = ferrio::sys::process_cpu_seconds();
     let t0 = Instant::now();
-    let written = write_generated(&f, a.size, a.io.json)?;
-    if !a.no_sync {
-        f.sync()?;
-    }
+    let quiet = a.io.json || files.len() > 1;
+    let outcomes: Vec<(u64, f64)> = std::thread::scope(|s| {
+        let handles: Vec<_> = files
+            .iter()
+            .map(|f| {
+                s.spawn(move || -> anyhow::Result<(u64, f64)> {
+                    let t = Instant::now();
+                    let n = write_generated(f, a.size, quiet)?;
+                    if !a.no_sync {
+                        f.sync()?;
+                    }
+                    Ok((n, t.elapsed().as_secs_f64()))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("writer thread panicked")))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
     let secs = t0.elapsed().as_secs_f64();
     let cpu = ferrio::sys::process_cpu_seconds() - cpu0;
+    let written: u64 = outcomes.iter().map(|o| o.0).sum();
     if a.io.json {
+        let per_file: Vec<_> = a
+            .paths
+            .iter()
+            .zip(&outcomes)
+            .map(|(p, (n, t))| json!({"path": p, "bytes": n, "seconds": t, "gib_per_s": gibps(*n, *t)}))
+            .collect();
         out(&json!({
-            "path": a.path, "bytes": written, "seconds": secs, "gib_per_s": gibps(written, secs),
+            "bytes": written, "seconds": secs, "gib_per_s": gibps(written, secs),
             "cpu_seconds_per_gib": cpu / (written.max(1) as f64 / (1u64 << 30) as f64),
-            "synced": !a.no_sync,
+            "synced": !a.no_sync, "files": per_file, "pools": crate::info::pools_json(),
         })
         .to_string())?;
     } else {
-        out(&format!(
-            "{}: wrote {} in {:.3} s, {:.2} GiB/s{}",
-            a.path.display(),
-            ferrio::config::format_size(written),
-            secs,
-            gibps(written, secs),
-            if a.no_sync { " (not synced)" } else { "" }
-        ))?;
+        let note = if a.no_sync { " (not synced)" } else { "" };
+        for (p, (n, t)) in a.paths.iter().zip(&outcomes) {
+            out(&format!(
+                "{}: wrote {} in {:.3} s, {:.2} GiB/s{note}",
+                p.display(),
+                ferrio::config::format_size(*n),
+                t,
+                gibps(*n, *t)
+            ))?;
+        }
+        if outcomes.len() > 1 {
+            out(&format!(
+                "total: {} in {:.3} s, {:.2} GiB/s{note}",
+                ferrio::config::format_size(written),
+                secs,
+                gibps(written, secs)
+            ))?;
+        }
     }
     Ok(())
 }
