@@ -1,7 +1,9 @@
 //! ferrio moves file bytes into and out of host and GPU memory as fast as the hardware allows.
 #![deny(rustdoc::broken_intra_doc_links)]
 
+pub mod bounce;
 pub mod config;
+pub mod cuda;
 pub mod error;
 
 pub use config::{DirectMode, Settings};
