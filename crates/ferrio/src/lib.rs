@@ -18,8 +18,10 @@
 #![deny(rustdoc::broken_intra_doc_links)]
 
 pub mod blockdev;
+pub mod bounce;
 mod buffer;
 pub mod config;
+pub mod cuda;
 pub mod direct;
 pub mod error;
 mod file;
