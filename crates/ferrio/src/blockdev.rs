@@ -137,7 +137,6 @@ pub fn default_threads(kind: DiskKind) -> usize {
         DiskKind::Ssd | DiskKind::Virtio | DiskKind::Unknown => cores.clamp(4, 16),
     }
 }
-}
 
 /// A physical (leaf) disk under a file system.
 #[derive(Debug, Clone, PartialEq, Eq)]
