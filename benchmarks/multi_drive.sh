@@ -4,13 +4,14 @@
 # aggregate rate against the ideal N x B, for ferrio's defaults (one pool per device) and for one
 # global pool, alternating, several rounds, medians. Needs root, losetup, mkfs.ext4.
 #
-#   benchmarks/multi_drive.sh [-n DEVICES] [-b MIB_PER_S] [-s FILE_SIZE] [-r ROUNDS]
+#   benchmarks/multi_drive.sh [-n DEVICES] [-b MIB_PER_S] [-s FILE_SIZE] [-r ROUNDS] [-g]
+#   -g: also read the files into GPU memory (CuPy + the ferrio Python package)
 #   FERRIO=path/to/ferrio (default target/release/ferrio)
 set -euo pipefail
 
-N=4 B=256 SIZE=512M ROUNDS=3
-while getopts "n:b:s:r:" o; do
-  case $o in n) N=$OPTARG ;; b) B=$OPTARG ;; s) SIZE=$OPTARG ;; r) ROUNDS=$OPTARG ;;
+N=4 B=256 SIZE=512M ROUNDS=3 GPU=0
+while getopts "n:b:s:r:g" o; do
+  case $o in n) N=$OPTARG ;; b) B=$OPTARG ;; s) SIZE=$OPTARG ;; r) ROUNDS=$OPTARG ;; g) GPU=1 ;;
     *) echo "usage: $0 [-n devices] [-b MiB/s] [-s size] [-r rounds]" >&2; exit 2 ;; esac
 done
 FERRIO=${FERRIO:-$(cd "$(dirname "$0")/.." && pwd)/target/release/ferrio}
@@ -78,11 +79,16 @@ for r in $(seq 1 "$ROUNDS"); do
     run "write $mode" "$envs FERRIO_DIRECT_WRITE=on" write "${FILES[@]}" --size "$SIZE"
     sync; echo 3 > /proc/sys/vm/drop_caches
     run "read $mode" "$envs" read --cold "${FILES[@]}"
+    if [ $GPU = 1 ]; then
+      sync; echo 3 > /proc/sys/vm/drop_caches
+      R["gpu read $mode"]+="$(env $envs python3 "$(dirname "$0")/multi_read_gpu.py" "${FILES[@]}" | mibps) "
+    fi
   done
 done
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 printf '%-20s %12s %10s  %s\n' "" "MiB/s" "x ideal" "rounds"
-for k in "read per-device" "read global" "write per-device" "write global"; do
+for k in "read per-device" "read global" "write per-device" "write global" "gpu read per-device" "gpu read global"; do
+  [ -n "${R[$k]:-}" ] || continue
   m=$(echo "${R[$k]}" | median)
   printf '%-20s %12s %10s  %s\n' "$k" "$m" "$(python3 -c "print(round($m/$ideal, 3))")" "${R[$k]}"
 done
