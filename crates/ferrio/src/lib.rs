@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod error;
+pub mod memory;
 
 pub use config::{DirectMode, Settings};
 pub use error::{Error, Op, Result};
