@@ -104,7 +104,7 @@ impl FreeBlocks {
     /// Adds a free block, merging it with free neighbours of the same chunk. The merged
     /// block keeps the newest `seq` of its parts, so it is handed to another stream only
     /// once all of them are ordered.
-    pub fn insert(&mut self, mut b: FreeBlock) -> Result<(), Overlap> {
+    pub fn insert(&mut self, b: FreeBlock) -> Result<(), Overlap> {
         debug_assert!(b.size > 0);
         let left = self
             .by_addr
@@ -128,26 +128,59 @@ impl FreeBlocks {
                 });
             }
         }
-        if let Some((a, e)) = left {
-            if a + e.size == b.addr && e.chunk == b.chunk {
-                self.remove(a);
-                b = FreeBlock {
-                    addr: a,
-                    size: e.size + b.size,
-                    chunk: b.chunk,
-                    seq: b.seq.max(e.seq),
-                };
+        let merge_left = left.filter(|(a, e)| a + e.size == b.addr && e.chunk == b.chunk);
+        let merge_right = right.filter(|(a, e)| b.end() == *a && e.chunk == b.chunk);
+        let (right_size, right_seq) = match merge_right {
+            Some((a, e)) => {
+                self.by_addr.remove(&a);
+                self.by_size.remove(&(e.size, a));
+                self.bytes -= e.size;
+                (e.size, e.seq)
             }
-        }
-        if let Some((a, e)) = right {
-            if b.end() == a && e.chunk == b.chunk {
-                self.remove(a);
-                b.size += e.size;
-                b.seq = b.seq.max(e.seq);
+            None => (0, 0),
+        };
+        match merge_left {
+            // Grow the left neighbour in place: its address key stays.
+            Some((a, e)) => {
+                let size = e.size + b.size + right_size;
+                self.by_size.remove(&(e.size, a));
+                self.by_size.insert((size, a));
+                if let Some(entry) = self.by_addr.get_mut(&a) {
+                    entry.size = size;
+                    entry.seq = e.seq.max(b.seq).max(right_seq);
+                }
+                self.bytes += b.size + right_size;
             }
+            None => self.put(FreeBlock {
+                size: b.size + right_size,
+                seq: b.seq.max(right_seq),
+                ..b
+            }),
         }
-        self.put(b);
         Ok(())
+    }
+
+    /// Cuts `size` bytes from the end of the smallest block of at least `size` bytes and
+    /// returns them; the front of the block stays free under the same key (one index update
+    /// instead of a remove and an insert in each index).
+    pub fn carve_best_fit(&mut self, size: usize) -> Option<FreeBlock> {
+        let &(found, addr) = self.by_size.range((size, 0)..).next()?;
+        if found == size {
+            return self.remove(addr);
+        }
+        let rest = found - size;
+        let entry = self.by_addr.get_mut(&addr)?;
+        entry.size = rest;
+        let cut = FreeBlock {
+            addr: addr + rest,
+            size,
+            chunk: entry.chunk,
+            seq: entry.seq,
+        };
+        self.by_size.remove(&(found, addr));
+        self.by_size.insert((rest, addr));
+        self.bytes -= size;
+        Some(cut)
     }
 
     /// Removes and returns the smallest block of at least `size` bytes (lowest address on ties).
@@ -156,20 +189,18 @@ impl FreeBlocks {
         self.remove(addr)
     }
 
-    /// Like [`take_best_fit`](Self::take_best_fit), but only among blocks with
-    /// `seq <= max_seq`, looking at no more than `probes` candidates.
-    pub fn take_fit_before(
-        &mut self,
-        size: usize,
-        max_seq: u64,
-        probes: usize,
-    ) -> Option<FreeBlock> {
-        let addr = self
-            .by_size
+    /// The address of the smallest block of at least `size` bytes with `seq <= max_seq`,
+    /// looking at no more than `probes` candidates.
+    pub fn find_fit_before(&self, size: usize, max_seq: u64, probes: usize) -> Option<usize> {
+        self.by_size
             .range((size, 0)..)
             .take(probes)
             .map(|&(_, addr)| addr)
-            .find(|addr| self.by_addr.get(addr).is_some_and(|e| e.seq <= max_seq))?;
+            .find(|addr| self.by_addr.get(addr).is_some_and(|e| e.seq <= max_seq))
+    }
+
+    /// Removes and returns the block at `addr`.
+    pub fn take(&mut self, addr: usize) -> Option<FreeBlock> {
         self.remove(addr)
     }
 
@@ -286,6 +317,23 @@ mod tests {
     }
 
     #[test]
+    fn carve_cuts_from_the_end_of_the_best_fit() {
+        let mut f = FreeBlocks::default();
+        f.insert(b(0, 1024, 1, 3)).unwrap();
+        f.insert(b(4096, 512, 1, 4)).unwrap();
+        assert_eq!(f.carve_best_fit(256), Some(b(4096 + 256, 256, 1, 4)));
+        assert_eq!(f.carve_best_fit(256), Some(b(4096, 256, 1, 4)));
+        assert_eq!(f.carve_best_fit(768), Some(b(256, 768, 1, 3)));
+        assert_eq!(f.bytes(), 256);
+        assert_eq!(f.iter().collect::<Vec<_>>(), vec![b(0, 256, 1, 3)]);
+        assert_eq!(f.carve_best_fit(512), None);
+        // Freed again, the pieces merge back into one block.
+        f.insert(b(256, 768, 1, 9)).unwrap();
+        assert_eq!(f.iter().collect::<Vec<_>>(), vec![b(0, 1024, 1, 9)]);
+        assert_eq!(f.largest(), 1024);
+    }
+
+    #[test]
     fn detects_overlap() {
         let mut f = FreeBlocks::default();
         f.insert(b(100, 100, 1, 1)).unwrap();
@@ -318,8 +366,14 @@ mod tests {
         let mut f = FreeBlocks::default();
         f.insert(b(0, 256, 1, 5)).unwrap();
         f.insert(b(1024, 512, 1, 2)).unwrap();
-        assert_eq!(f.take_fit_before(100, 3, 8), Some(b(1024, 512, 1, 2)));
-        assert_eq!(f.take_fit_before(100, 3, 8), None);
+        assert_eq!(f.find_fit_before(100, 3, 8), Some(1024));
+        assert_eq!(
+            f.find_fit_before(100, 3, 1),
+            None,
+            "probes bound the search"
+        );
+        assert_eq!(f.take(1024), Some(b(1024, 512, 1, 2)));
+        assert_eq!(f.find_fit_before(100, 3, 8), None);
         assert_eq!(f.newest_seq(), 5);
     }
 

@@ -205,8 +205,6 @@ pub struct PoolStats {
 
 #[derive(Debug, Default)]
 struct Counters {
-    allocations: AtomicU64,
-    frees: AtomicU64,
     steals: AtomicU64,
     stolen: AtomicU64,
     waits: AtomicU64,
@@ -225,7 +223,12 @@ struct ListState<S: StreamOrder> {
     /// still finds it in its cache must look again.
     removed: bool,
     free: FreeBlocks,
-    /// Frees so far; each freed block is stamped with the value after its free.
+    /// Blocks handed out on this stream.
+    allocations: u64,
+    /// Blocks freed on this stream.
+    frees: u64,
+    /// Stamps frees (and blocks arriving from other lists); a block's `seq` is the value
+    /// after the stamp.
     free_seq: u64,
     /// The event's latest record covers every block with `seq <= covered_seq`.
     covered_seq: u64,
@@ -388,6 +391,8 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                     stream: None,
                     removed: false,
                     free: FreeBlocks::default(),
+                    allocations: 0,
+                    frees: 0,
                     free_seq: 0,
                     covered_seq: 0,
                     covered_done: true,
@@ -437,17 +442,18 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         let Some(bytes) = self.rounded(size) else {
             return Err(self.out_of_memory(size, id, "the size overflows when aligned"));
         };
-        let (own, hit) = self.with_own_list(id, stream, |_, st| {
-            let b = st.free.take_best_fit(bytes)?;
-            Some(Self::split(st, b, bytes, false))
+        let (own, hit) = self.with_own_list(id, stream, None, |_, st| {
+            let b = st.free.carve_best_fit(bytes)?;
+            st.allocations += 1;
+            Some(b.addr)
         })?;
         if let Some(addr) = hit {
-            return Ok(self.handed_out(&own, addr, bytes));
+            return Ok(self.handed_out(addr, bytes));
         }
         if let Some(b) = self.steal(&own, stream, bytes)? {
             let addr = self.place(&own, b, bytes);
             bump(&own.counters.steals);
-            return Ok(self.handed_out(&own, addr, bytes));
+            return Ok(self.handed_out(addr, bytes));
         }
         let why = match self.grow(bytes) {
             Ok(chunk) => {
@@ -458,18 +464,19 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                     seq: SAFE_FOR_ALL,
                 };
                 let addr = self.place(&own, b, bytes);
-                return Ok(self.handed_out(&own, addr, bytes));
+                return Ok(self.handed_out(addr, bytes));
             }
             Err(NoGrowth::Limit) => "the pool is at its limit".to_string(),
             Err(NoGrowth::Upstream(e)) => format!("the upstream refused to grow: {e}"),
         };
         self.gather(&own, stream)?;
-        let (own, hit) = self.with_own_list(id, stream, |_, st| {
-            let b = st.free.take_best_fit(bytes)?;
-            Some(Self::split(st, b, bytes, false))
+        let (_, hit) = self.with_own_list(id, stream, None, |_, st| {
+            let b = st.free.carve_best_fit(bytes)?;
+            st.allocations += 1;
+            Some(b.addr)
         })?;
         match hit {
-            Some(addr) => Ok(self.handed_out(&own, addr, bytes)),
+            Some(addr) => Ok(self.handed_out(addr, bytes)),
             None => Err(self.out_of_memory(size, id, &why)),
         }
     }
@@ -485,7 +492,10 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
     pub fn deallocate(&self, addr: usize, size: usize, stream: &S::Stream) -> Result<()> {
         let id = self.order.stream_id(stream);
         let bytes = self.rounded(size).filter(|_| addr % self.align() == 0);
-        let chunk = bytes.and_then(|bytes| self.chunk_of(addr, bytes));
+        let (chunk, cached) = match bytes {
+            Some(bytes) => self.chunk_and_list(addr, bytes, id),
+            None => (None, None),
+        };
         let (Some(bytes), Some(chunk)) = (bytes, chunk) else {
             return Err(Error::InvalidArgument(format!(
                 "deallocate({addr:#x}, {size} bytes) on stream {id}: not a block of this pool"
@@ -494,7 +504,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         let policy = self.options.event_policy;
         // Outer error: the block was not taken back. Inner error: it was, but the event
         // record that the policy asks for failed.
-        let (_, result) = self.with_own_list(id, stream, |list, st| {
+        let (_, result) = self.with_own_list(id, stream, cached, |list, st| {
             let seq = st.next_seq();
             let block = FreeBlock {
                 addr,
@@ -509,11 +519,11 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                     o.addr, o.size
                 )));
             }
-            let frees = bump(&list.counters.frees);
+            st.frees += 1;
             let record = match policy {
                 EventPolicy::OnSteal => false,
                 EventPolicy::EveryFree => true,
-                EventPolicy::EveryNthFree(n) => frees % u64::from(n.get()) == 0,
+                EventPolicy::EveryNthFree(n) => st.frees % u64::from(n.get()) == 0,
             };
             Ok(if record {
                 st.record(&self.order, list).map(|_| ())
@@ -558,7 +568,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
     /// of memory; call it to defragment ahead of a large allocation.
     pub fn consolidate(&self, stream: &S::Stream) -> Result<()> {
         let id = self.order.stream_id(stream);
-        let (own, ()) = self.with_own_list(id, stream, |_, _| ())?;
+        let (own, ()) = self.with_own_list(id, stream, None, |_, _| ())?;
         self.gather(&own, stream)
     }
 
@@ -573,8 +583,8 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                 StreamStats {
                     stream: list.id,
                     attached: st.stream.is_some(),
-                    allocations: c.allocations.load(Ordering::Relaxed),
-                    frees: c.frees.load(Ordering::Relaxed),
+                    allocations: st.allocations,
+                    frees: st.frees,
                     steals: c.steals.load(Ordering::Relaxed),
                     stolen: c.stolen.load(Ordering::Relaxed),
                     waits: c.waits.load(Ordering::Relaxed),
@@ -610,40 +620,41 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         round_up(size.max(1), self.align())
     }
 
-    /// Hands `bytes` from the front of `b` (just removed from `st.free`) out and puts the rest
-    /// back. With `from_elsewhere` (a block taken from another list after a device wait) the
-    /// rest is stamped as a new free on this list: it is safe for this stream only.
-    fn split(st: &mut ListState<S>, b: FreeBlock, bytes: usize, from_elsewhere: bool) -> usize {
-        if b.size > bytes {
-            let seq = if from_elsewhere && b.seq != SAFE_FOR_ALL {
-                st.next_seq()
+    /// Hands the last `bytes` of `b`, a block that came from another list or the upstream,
+    /// out (like [`FreeBlocks::carve_best_fit`]) and puts the front in this list. Unless `b`
+    /// was safe for every stream, the front is stamped as a new free here: after the device
+    /// wait it is safe for this stream.
+    fn split(st: &mut ListState<S>, b: FreeBlock, bytes: usize) -> usize {
+        let rest = b.size - bytes;
+        if rest > 0 {
+            let seq = if b.seq == SAFE_FOR_ALL {
+                SAFE_FOR_ALL
             } else {
-                b.seq
+                st.next_seq()
             };
-            let rest = FreeBlock {
-                addr: b.addr + bytes,
-                size: b.size - bytes,
-                chunk: b.chunk,
+            let front = FreeBlock {
+                size: rest,
                 seq,
+                ..b
             };
-            // The rest lies inside a block that was just free in a list of this pool, and no
-            // list holds overlapping blocks, so this cannot collide; if it ever did, losing
-            // the rest (a leak) is the safe outcome.
-            let inserted = st.free.insert(rest);
+            // The front lies inside a block that was just free in a list of this pool (or a
+            // new chunk), and no two lists hold overlapping blocks, so this cannot collide; if
+            // it ever did, losing it (a leak) is the safe outcome.
+            let inserted = st.free.insert(front);
             debug_assert!(inserted.is_ok(), "split remainder overlaps: {inserted:?}");
         }
-        b.addr
+        b.addr + rest
     }
 
     /// Hands out `bytes` of `b`, which came from another list or the upstream, keeping the
     /// rest in `own`.
     fn place(&self, own: &StreamList<S>, b: FreeBlock, bytes: usize) -> usize {
         let mut st = own.lock();
-        Self::split(&mut st, b, bytes, true)
+        st.allocations += 1;
+        Self::split(&mut st, b, bytes)
     }
 
-    fn handed_out(&self, own: &StreamList<S>, addr: usize, bytes: usize) -> Block {
-        bump(&own.counters.allocations);
+    fn handed_out(&self, addr: usize, bytes: usize) -> Block {
         let now = self.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
         if now > self.peak.load(Ordering::Relaxed) {
             self.peak.fetch_max(now, Ordering::Relaxed);
@@ -657,10 +668,14 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         &self,
         id: StreamId,
         stream: &S::Stream,
+        mut cached: Option<Arc<StreamList<S>>>,
         mut f: impl FnMut(&StreamList<S>, &mut ListState<S>) -> R,
     ) -> Result<(Arc<StreamList<S>>, R)> {
         loop {
-            let list = self.list_of(id, stream)?;
+            let list = match cached.take() {
+                Some(list) => list,
+                None => self.list_of(id, stream)?,
+            };
             let mut st = list.lock();
             if st.removed {
                 drop(st);
@@ -712,6 +727,8 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                 stream: Some(stream.clone()),
                 removed: false,
                 free: FreeBlocks::default(),
+                allocations: 0,
+                frees: 0,
                 free_seq: 0,
                 covered_seq: 0,
                 covered_done: true,
@@ -731,19 +748,28 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         bytes: usize,
     ) -> Result<Option<FreeBlock>> {
         let others = self.other_lists(own.id);
+        // Thieves start at different victims, so they do not all queue on the same list.
+        let start = (own.id.get() as usize) % others.len().max(1);
+        let others: Vec<_> = others[start..].iter().chain(&others[..start]).collect();
         // Pass 1: a block safe for every stream (never used, or its free is covered by a
         // completed event): no device wait, and what is left of it stays safe for everyone.
-        for victim in &others {
+        // Fresh memory needs no driver call; the event is queried only if it would help.
+        for &victim in &others {
             let mut st = victim.lock();
             if st.removed || st.free.largest() < bytes {
                 continue;
             }
-            let safe_upto = if st.covered_complete(&self.order, victim)? {
-                st.covered_seq
-            } else {
-                SAFE_FOR_ALL
-            };
-            let Some(mut b) = st.free.take_fit_before(bytes, safe_upto, SAFE_FIT_PROBES) else {
+            let mut at = st
+                .free
+                .find_fit_before(bytes, SAFE_FOR_ALL, SAFE_FIT_PROBES);
+            if at.is_none() && st.covered_seq > SAFE_FOR_ALL {
+                let covered = st.covered_seq;
+                let candidate = st.free.find_fit_before(bytes, covered, SAFE_FIT_PROBES);
+                if candidate.is_some() && st.covered_complete(&self.order, victim)? {
+                    at = candidate;
+                }
+            }
+            let Some(mut b) = at.and_then(|addr| st.free.take(addr)) else {
                 continue;
             };
             b.seq = SAFE_FOR_ALL;
@@ -756,7 +782,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             return Ok(Some(b));
         }
         // Pass 2: any block, with `stream` waiting on the victim's event on the device.
-        for victim in &others {
+        for &victim in &others {
             let mut st = victim.lock();
             if st.removed {
                 continue;
@@ -858,19 +884,31 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         }
     }
 
-    /// The chunk that holds `[addr, addr + bytes)`, from this thread's snapshot of the chunk
-    /// table (refreshed when the pool has grown since), or from the table itself.
-    fn chunk_of(&self, addr: usize, bytes: usize) -> Option<ChunkId> {
+    /// The chunk that holds `[addr, addr + bytes)` and, if this thread has it cached, the
+    /// list of stream `id`, in one visit to the thread's cache. The chunk comes from the
+    /// thread's snapshot of the chunk table (refreshed when the pool has grown since), or from
+    /// the table itself.
+    fn chunk_and_list(
+        &self,
+        addr: usize,
+        bytes: usize,
+        id: StreamId,
+    ) -> (Option<ChunkId>, Option<Arc<StreamList<S>>>) {
         let gen = self.chunk_gen.load(Ordering::Acquire);
         let cached = local::with(self.uid, |l: &mut local::Local<StreamList<S>>| {
-            l.chunks(gen, || Arc::clone(&read(&self.chunks)))
+            let chunk = l
+                .chunks(gen, || Arc::clone(&read(&self.chunks)))
                 .find(addr, bytes)
-                .map(|c| c.id)
+                .map(|c| c.id);
+            (chunk, l.stream(id))
         });
         match cached {
-            Some(Some(id)) => Some(id),
+            Some((Some(chunk), list)) => (Some(chunk), list),
             // Not in the snapshot, or no cache on this thread: ask the table itself.
-            _ => read(&self.chunks).find(addr, bytes).map(|c| c.id),
+            other => (
+                read(&self.chunks).find(addr, bytes).map(|c| c.id),
+                other.and_then(|(_, list)| list),
+            ),
         }
     }
 
