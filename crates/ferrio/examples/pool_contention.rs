@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use ferrio::memory::{
     EmulatedStream, EmulatedStreams, EventPolicy, HostUpstream, PoolOptions, PoolResource,
-    StreamId, Upstream,
+    StreamId, StreamOrder, Upstream,
 };
 
 const LIVE_PER_THREAD: usize = 16;
@@ -183,6 +183,10 @@ enum Streams {
     Fixed,
     /// Thread i uses stream (i + n / 256) % S, with emulated work on it, and advances it.
     Rotating,
+    /// Thread i allocates on stream i with emulated work on it, and frees on the last stream
+    /// (a "sink" no one allocates on) after ordering it behind stream i: every allocation
+    /// after the first few has to steal from the sink.
+    Sink,
 }
 
 /// Runs the workload; returns (allocations, seconds).
@@ -213,20 +217,38 @@ fn run(
                 let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((t as u64 + 1) << 17));
                 let mut live: Vec<Option<(usize, usize, usize)>> = vec![None; LIVE_PER_THREAD];
                 let mut n: u64 = 0;
+                let handoff = match emu.create_event() {
+                    Ok(e) => e,
+                    Err(e) => fail(&e.to_string()),
+                };
+                let sink = &streams[streams.len() - 1];
                 start.wait();
                 while !stop.load(Ordering::Relaxed) {
                     for _ in 0..256 {
                         let si = match mode {
                             Streams::Fixed => t % streams.len(),
                             Streams::Rotating => (t + (n / 256) as usize) % streams.len(),
+                            Streams::Sink => t,
                         };
                         let slot = (n as usize) % LIVE_PER_THREAD;
                         if let Some((addr, size, on)) = live[slot].take() {
-                            pool.free(addr, size, &streams[on]);
+                            if let Streams::Sink = mode {
+                                // The caller's duty: order the freeing stream after the use.
+                                let ordered = emu
+                                    .record(&handoff, &streams[on])
+                                    .and_then(|()| emu.wait(sink, &handoff));
+                                if let Err(e) = ordered {
+                                    fail(&e.to_string());
+                                }
+                                pool.free(addr, size, sink);
+                                emu.advance(sink, 1);
+                            } else {
+                                pool.free(addr, size, &streams[on]);
+                            }
                         }
                         let size = SIZES[(rng.next() % SIZES.len() as u64) as usize];
                         let addr = pool.alloc(size, &streams[si]);
-                        if let Streams::Rotating = mode {
+                        if let Streams::Rotating | Streams::Sink = mode {
                             emu.launch(&streams[si], addr, size);
                             emu.advance(&streams[si], 1);
                         }
@@ -237,6 +259,7 @@ fn run(
                 for (addr, size, on) in live.into_iter().flatten() {
                     pool.free(addr, size, &streams[on]);
                 }
+                drop(handoff);
                 total.fetch_add(n, Ordering::Relaxed);
             })
         })
@@ -376,13 +399,20 @@ fn contention(args: &Args, cores: usize) {
 
 fn events(args: &Args, cores: usize) {
     println!(
-        "# event policies: {cores} cores, {:.2} s per run, threads rotate over as many streams, \
-         emulated call cost {} ns",
+        "# event policies: {cores} cores, {:.2} s per run, emulated call cost {} ns; pool-made \
+         driver calls per 1000 allocations",
         args.seconds, args.call_cost_ns
     );
     println!(
-        "{:<16} {:>7} {:>12} {:>9} {:>9} {:>9} {:>9}",
-        "policy", "threads", "allocs/s", "steals/k", "records/k", "queries/k", "waits/k"
+        "{:<9} {:<16} {:>7} {:>12} {:>9} {:>9} {:>9} {:>9}",
+        "workload",
+        "policy",
+        "threads",
+        "allocs/s",
+        "steals/k",
+        "records/k",
+        "queries/k",
+        "waits/k"
     );
     let policies = [
         ("every-free", EventPolicy::EveryFree),
@@ -392,29 +422,37 @@ fn events(args: &Args, cores: usize) {
         ),
         ("on-steal", EventPolicy::OnSteal),
     ];
-    for &threads in &args.threads {
-        for (name, policy) in policies {
-            let emu = EmulatedStreams::for_benchmarks(Duration::from_nanos(args.call_cost_ns));
-            let pool = ferrio_pool(&emu, policy);
-            let (n, s) = run(
-                Arc::clone(&pool) as Arc<dyn BenchPool>,
-                &emu,
-                threads,
-                threads.max(2),
-                Streams::Rotating,
-                args.seconds,
-            );
-            let calls = emu.calls();
-            let per_k = |x: u64| x as f64 * 1000.0 / n.max(1) as f64;
-            let steals: u64 = pool.stats().streams.iter().map(|s| s.steals).sum();
-            println!(
-                "{name:<16} {threads:>7} {:>12.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
-                n as f64 / s,
-                per_k(steals),
-                per_k(calls.records),
-                per_k(calls.queries),
-                per_k(calls.waits_pending),
-            );
+    for (workload, mode) in [("rotating", Streams::Rotating), ("sink", Streams::Sink)] {
+        for &threads in &args.threads {
+            for (name, policy) in policies {
+                let emu = EmulatedStreams::for_benchmarks(Duration::from_nanos(args.call_cost_ns));
+                let pool = ferrio_pool(&emu, policy);
+                let streams = match mode {
+                    Streams::Sink => threads + 1,
+                    _ => threads.max(2),
+                };
+                let (n, s) = run(
+                    Arc::clone(&pool) as Arc<dyn BenchPool>,
+                    &emu,
+                    threads,
+                    streams,
+                    mode,
+                    args.seconds,
+                );
+                let stats = pool.stats();
+                let sum = |f: fn(&ferrio::memory::StreamStats) -> u64| -> u64 {
+                    stats.streams.iter().map(f).sum()
+                };
+                let per_k = |x: u64| x as f64 * 1000.0 / n.max(1) as f64;
+                println!(
+                    "{workload:<9} {name:<16} {threads:>7} {:>12.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+                    n as f64 / s,
+                    per_k(sum(|s| s.steals)),
+                    per_k(sum(|s| s.records)),
+                    per_k(emu.calls().queries),
+                    per_k(sum(|s| s.waits)),
+                );
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::blocks::{Chunk, ChunkId, ChunkTable, FreeBlock, FreeBlocks};
@@ -19,6 +19,10 @@ const SAFE_FIT_PROBES: usize = 16;
 /// The `seq` of a free block that every stream may take without ordering: memory fresh from
 /// the upstream, or the rest of a block whose stream's event had completed.
 const SAFE_FOR_ALL: u64 = 0;
+
+/// A stream's allocations and frees are added to the pool-wide in-use total (and the peak
+/// checked) once they amount to this many bytes, so the fast path writes no shared counter.
+const STATS_SLACK_BYTES: isize = 1 << 20;
 
 /// Source of the pools' unique numbers (the key of the per-thread caches).
 static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
@@ -187,9 +191,12 @@ pub struct PoolStats {
     pub alignment: usize,
     /// Bytes taken from the upstream.
     pub pool_bytes: usize,
-    /// Bytes handed out and not yet freed.
+    /// Bytes handed out and not yet freed (the sum over streams, exact when no call is under
+    /// way).
     pub in_use_bytes: usize,
-    /// The most `in_use_bytes` has ever been.
+    /// The most `in_use_bytes` has been, within 1 MiB per stream: streams add their changes
+    /// to the pool-wide total only once they reach 1 MiB, so that the fast path writes no
+    /// shared counter (see the [module docs](crate::memory)).
     pub peak_in_use_bytes: usize,
     /// Bytes in free lists.
     pub free_bytes: usize,
@@ -227,6 +234,11 @@ struct ListState<S: StreamOrder> {
     allocations: u64,
     /// Blocks freed on this stream.
     frees: u64,
+    /// Bytes handed out on this stream minus bytes freed on it (negative when blocks are
+    /// freed on another stream than the one they were allocated on).
+    in_use: isize,
+    /// The part of `in_use` not yet added to the pool-wide total.
+    unflushed: isize,
     /// Stamps frees (and blocks arriving from other lists); a block's `seq` is the value
     /// after the stamp.
     free_seq: u64,
@@ -265,7 +277,9 @@ impl<S: StreamOrder> ListState<S> {
     }
 }
 
-/// One stream's free list.
+/// One stream's free list. Aligned to 128 bytes (two cache lines, the prefetch pair), so that
+/// the lists of streams used by different threads never share a cache line.
+#[repr(align(128))]
 pub(crate) struct StreamList<S: StreamOrder> {
     id: StreamId,
     /// Created with the list, recorded again and again, dropped with the list.
@@ -326,9 +340,16 @@ pub struct PoolResource<U: Upstream, S: StreamOrder> {
     /// Bumped after each change to `chunks`.
     chunk_gen: AtomicU64,
     next_chunk: AtomicU64,
+    /// Lock 0: held by one grower at a time, across the upstream call, so that threads that
+    /// miss at the same moment do not each take a chunk. Only growers wait on it.
+    grow_lock: Mutex<()>,
     /// Bytes taken from (or being asked of) the upstream.
     pool_bytes: AtomicUsize,
-    in_use: AtomicUsize,
+    /// The sum of the streams' flushed in-use bytes (see [`STATS_SLACK_BYTES`]).
+    in_use_flushed: AtomicIsize,
+    /// In-use bytes of lists that were pruned.
+    in_use_retired: AtomicIsize,
+    /// The highest `in_use_flushed` (or exact in-use total) seen.
     peak: AtomicUsize,
 }
 
@@ -338,7 +359,7 @@ impl<U: Upstream, S: StreamOrder> fmt::Debug for PoolResource<U, S> {
             .field("memory", &self.upstream.kind())
             .field("options", &self.options)
             .field("pool_bytes", &self.pool_bytes.load(Ordering::Relaxed))
-            .field("in_use_bytes", &self.in_use.load(Ordering::Relaxed))
+            .field("in_use_bytes", &self.in_use_bytes())
             .finish_non_exhaustive()
     }
 }
@@ -365,8 +386,10 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             chunks: RwLock::new(Arc::new(ChunkTable::default())),
             chunk_gen: AtomicU64::new(1),
             next_chunk: AtomicU64::new(1),
+            grow_lock: Mutex::new(()),
             pool_bytes: AtomicUsize::new(0),
-            in_use: AtomicUsize::new(0),
+            in_use_flushed: AtomicIsize::new(0),
+            in_use_retired: AtomicIsize::new(0),
             peak: AtomicUsize::new(0),
         };
         if pool.options.initial_bytes > 0 {
@@ -393,6 +416,8 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                     free: FreeBlocks::default(),
                     allocations: 0,
                     frees: 0,
+                    in_use: 0,
+                    unflushed: 0,
                     free_seq: 0,
                     covered_seq: 0,
                     covered_done: true,
@@ -442,41 +467,54 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         let Some(bytes) = self.rounded(size) else {
             return Err(self.out_of_memory(size, id, "the size overflows when aligned"));
         };
-        let (own, hit) = self.with_own_list(id, stream, None, |_, st| {
-            let b = st.free.carve_best_fit(bytes)?;
-            st.allocations += 1;
-            Some(b.addr)
-        })?;
-        if let Some(addr) = hit {
-            return Ok(self.handed_out(addr, bytes));
-        }
-        if let Some(b) = self.steal(&own, stream, bytes)? {
-            let addr = self.place(&own, b, bytes);
-            bump(&own.counters.steals);
-            return Ok(self.handed_out(addr, bytes));
-        }
-        let why = match self.grow(bytes) {
-            Ok(chunk) => {
-                let b = FreeBlock {
-                    addr: chunk.addr,
-                    size: chunk.size,
-                    chunk: chunk.id,
-                    seq: SAFE_FOR_ALL,
-                };
-                let addr = self.place(&own, b, bytes);
-                return Ok(self.handed_out(addr, bytes));
+        // A growth seen after this point is one this call might use instead of growing too.
+        let mut gen_seen = self.chunk_gen.load(Ordering::Acquire);
+        let (own, why) = loop {
+            let (own, hit) = self.with_own_list(id, stream, None, |_, st| {
+                let b = st.free.carve_best_fit(bytes)?;
+                self.handed_out(st, bytes);
+                Some(b.addr)
+            })?;
+            if let Some(addr) = hit {
+                return Ok(Block { addr, size: bytes });
             }
-            Err(NoGrowth::Limit) => "the pool is at its limit".to_string(),
-            Err(NoGrowth::Upstream(e)) => format!("the upstream refused to grow: {e}"),
+            if let Some(b) = self.steal(&own, stream, bytes)? {
+                bump(&own.counters.steals);
+                return Ok(self.place(&own, b, bytes));
+            }
+            let grow_guard = lock(&self.grow_lock);
+            let gen_now = self.chunk_gen.load(Ordering::Acquire);
+            if gen_now != gen_seen {
+                // Another thread grew the pool while this one looked: look again.
+                gen_seen = gen_now;
+                continue;
+            }
+            let grown = self.grow(bytes);
+            drop(grow_guard);
+            match grown {
+                Ok(chunk) => {
+                    let b = FreeBlock {
+                        addr: chunk.addr,
+                        size: chunk.size,
+                        chunk: chunk.id,
+                        seq: SAFE_FOR_ALL,
+                    };
+                    return Ok(self.place(&own, b, bytes));
+                }
+                Err(NoGrowth::Limit) => break (own, "the pool is at its limit".to_string()),
+                Err(NoGrowth::Upstream(e)) => {
+                    break (own, format!("the upstream refused to grow: {e}"))
+                }
+            }
         };
         self.gather(&own, stream)?;
         let (_, hit) = self.with_own_list(id, stream, None, |_, st| {
             let b = st.free.carve_best_fit(bytes)?;
-            st.allocations += 1;
+            self.handed_out(st, bytes);
             Some(b.addr)
         })?;
         match hit {
-            Some(addr) => Ok(self.handed_out(addr, bytes)),
+            Some(addr) => Ok(Block { addr, size: bytes }),
             None => Err(self.out_of_memory(size, id, &why)),
         }
     }
@@ -520,6 +558,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                 )));
             }
             st.frees += 1;
+            self.account(st, -(bytes as isize));
             let record = match policy {
                 EventPolicy::OnSteal => false,
                 EventPolicy::EveryFree => true,
@@ -531,9 +570,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                 Ok(())
             })
         })?;
-        let recorded = result?;
-        self.in_use.fetch_sub(bytes, Ordering::Relaxed);
-        recorded
+        result?
     }
 
     /// Stops using `stream`'s handle: records a last event on it that covers every block freed
@@ -574,6 +611,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
 
     /// A snapshot of the pool's use.
     pub fn stats(&self) -> PoolStats {
+        let in_use_bytes = self.in_use_bytes();
         let lists: Vec<Arc<StreamList<S>>> = read(&self.streams).values().cloned().collect();
         let mut streams: Vec<StreamStats> = lists
             .iter()
@@ -604,7 +642,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             memory: self.upstream.kind(),
             alignment: self.align(),
             pool_bytes: self.pool_bytes.load(Ordering::Relaxed),
-            in_use_bytes: self.in_use.load(Ordering::Relaxed),
+            in_use_bytes,
             peak_in_use_bytes: self.peak.load(Ordering::Relaxed),
             free_bytes: streams.iter().map(|s| s.free_bytes).sum(),
             largest_free_block,
@@ -648,18 +686,45 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
 
     /// Hands out `bytes` of `b`, which came from another list or the upstream, keeping the
     /// rest in `own`.
-    fn place(&self, own: &StreamList<S>, b: FreeBlock, bytes: usize) -> usize {
+    fn place(&self, own: &StreamList<S>, b: FreeBlock, bytes: usize) -> Block {
         let mut st = own.lock();
-        st.allocations += 1;
-        Self::split(&mut st, b, bytes)
+        self.handed_out(&mut st, bytes);
+        let addr = Self::split(&mut st, b, bytes);
+        Block { addr, size: bytes }
     }
 
-    fn handed_out(&self, addr: usize, bytes: usize) -> Block {
-        let now = self.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        if now > self.peak.load(Ordering::Relaxed) {
-            self.peak.fetch_max(now, Ordering::Relaxed);
+    /// Counts an allocation of `bytes` on the list `st`.
+    fn handed_out(&self, st: &mut ListState<S>, bytes: usize) {
+        st.allocations += 1;
+        self.account(st, bytes as isize);
+    }
+
+    /// Adds `delta` in-use bytes to the list `st`, and to the pool-wide total once the
+    /// list's unflushed change reaches [`STATS_SLACK_BYTES`] either way.
+    fn account(&self, st: &mut ListState<S>, delta: isize) {
+        st.in_use += delta;
+        st.unflushed += delta;
+        if st.unflushed.abs() >= STATS_SLACK_BYTES {
+            self.flush(st);
         }
-        Block { addr, size: bytes }
+    }
+
+    fn flush(&self, st: &mut ListState<S>) {
+        let delta = std::mem::take(&mut st.unflushed);
+        let now = self.in_use_flushed.fetch_add(delta, Ordering::Relaxed) + delta;
+        if delta > 0 {
+            self.peak.fetch_max(now.max(0) as usize, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes in use now: exact when no call is under way, as it sums every list.
+    fn in_use_bytes(&self) -> usize {
+        let lists: Vec<_> = read(&self.streams).values().cloned().collect();
+        let total = lists.iter().map(|l| l.lock().in_use).sum::<isize>()
+            + self.in_use_retired.load(Ordering::Relaxed);
+        let total = total.max(0) as usize;
+        self.peak.fetch_max(total, Ordering::Relaxed);
+        total
     }
 
     /// Runs `f` under the lock of `stream`'s own list, finding the list through this thread's
@@ -729,6 +794,8 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                 free: FreeBlocks::default(),
                 allocations: 0,
                 frees: 0,
+                in_use: 0,
+                unflushed: 0,
                 free_seq: 0,
                 covered_seq: 0,
                 covered_done: true,
@@ -880,6 +947,9 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         let same = map.get(&list.id).is_some_and(|l| Arc::ptr_eq(l, list));
         if same && !st.removed && st.stream.is_none() && st.free.is_empty() {
             st.removed = true;
+            self.flush(&mut st);
+            self.in_use_retired
+                .fetch_add(std::mem::take(&mut st.in_use), Ordering::Relaxed);
             map.remove(&list.id);
         }
     }
@@ -995,7 +1065,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             self.align(),
             self.upstream.kind(),
             self.pool_bytes.load(Ordering::Relaxed),
-            self.in_use.load(Ordering::Relaxed),
+            self.in_use_bytes(),
         ))
     }
 }

@@ -532,6 +532,7 @@ fn detached_stream_used_again_is_attached_again() {
 
 #[test]
 fn stats_count_per_stream_and_peak() {
+    const SLACK: usize = 1 << 20;
     let emu = EmulatedStreams::new();
     let pool = pool_with(&emu, PoolOptions::default().grow_bytes(1 << 16));
     let (s, t) = (emu.create_stream(), emu.create_stream());
@@ -541,8 +542,14 @@ fn stats_count_per_stream_and_peak() {
     pool.deallocate(a.addr(), 1000, &s).unwrap();
     pool.deallocate(b.addr(), 3000, &s).unwrap();
     let stats = pool.stats();
-    assert_eq!(stats.in_use_bytes, 256);
-    assert_eq!(stats.peak_in_use_bytes, 1024 + 3072 + 256);
+    assert_eq!(stats.in_use_bytes, 256, "exact");
+    // Small changes are checkpointed late: the peak may miss up to 1 MiB per stream.
+    let true_peak = 1024 + 3072 + 256;
+    assert!(stats.peak_in_use_bytes <= true_peak, "{stats:?}");
+    assert!(
+        stats.peak_in_use_bytes + 2 * SLACK >= true_peak,
+        "{stats:?}"
+    );
     assert_eq!(stats.pool_bytes, 1 << 16, "t took the rest of s's chunk");
     assert_eq!(stats.alignment, 256);
     assert_eq!(stats.memory, MemoryKind::Host);
@@ -555,8 +562,42 @@ fn stats_count_per_stream_and_peak() {
         (1, 0, 1, 0)
     );
     assert_eq!(ts.free_bytes, (1 << 16) - 4096 - 256);
+
+    // A large allocation is checkpointed at once.
+    let d = pool.allocate(4 * SLACK, &s).unwrap();
+    pool.deallocate(d.addr(), d.size(), &s).unwrap();
+    let peak = pool.stats().peak_in_use_bytes;
+    assert!((4 * SLACK..=4 * SLACK + 256).contains(&peak), "peak {peak}");
     pool.deallocate(c.addr(), 10, &t).unwrap();
     assert_all_returned(&pool, &t);
+}
+
+#[test]
+fn threads_that_miss_together_grow_the_pool_once() {
+    for shared_stream in [true, false] {
+        let emu = EmulatedStreams::new();
+        let pool = Arc::new(pool_with(&emu, PoolOptions::default().grow_bytes(1 << 20)));
+        let one = emu.create_stream();
+        let start = Arc::new(Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (pool, start) = (Arc::clone(&pool), Arc::clone(&start));
+                let stream = if shared_stream {
+                    one.clone()
+                } else {
+                    emu.create_stream()
+                };
+                std::thread::spawn(move || {
+                    start.wait();
+                    pool.allocate(4096, &stream).unwrap()
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(pool.stats().chunks, 1, "shared stream: {shared_stream}");
+    }
 }
 
 #[test]
