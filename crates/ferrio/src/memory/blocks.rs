@@ -209,15 +209,19 @@ impl FreeBlocks {
         self.by_addr.values().map(|e| e.seq).max().unwrap_or(0)
     }
 
-    /// Removes every block whose `seq` is at most `max_seq`.
-    pub fn drain_before(&mut self, max_seq: u64) -> Vec<FreeBlock> {
-        let addrs: Vec<usize> = self
-            .by_addr
-            .iter()
-            .filter(|(_, e)| e.seq <= max_seq)
-            .map(|(&a, _)| a)
-            .collect();
-        addrs.into_iter().filter_map(|a| self.remove(a)).collect()
+    /// Removes every block.
+    pub fn drain(&mut self) -> Vec<FreeBlock> {
+        self.by_size.clear();
+        self.bytes = 0;
+        std::mem::take(&mut self.by_addr)
+            .into_iter()
+            .map(|(addr, e)| FreeBlock {
+                addr,
+                size: e.size,
+                chunk: e.chunk,
+                seq: e.seq,
+            })
+            .collect()
     }
 
     /// The blocks in address order.

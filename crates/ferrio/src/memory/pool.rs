@@ -249,6 +249,22 @@ struct ListState<S: StreamOrder> {
 }
 
 impl<S: StreamOrder> ListState<S> {
+    /// An empty list for `stream` (`None`: memory no stream has used).
+    fn new(stream: Option<S::Stream>) -> Self {
+        ListState {
+            stream,
+            removed: false,
+            free: FreeBlocks::default(),
+            allocations: 0,
+            frees: 0,
+            in_use: 0,
+            unflushed: 0,
+            free_seq: 0,
+            covered_seq: 0,
+            covered_done: true,
+        }
+    }
+
     /// Stamps a new free.
     fn next_seq(&mut self) -> u64 {
         self.free_seq += 1;
@@ -410,18 +426,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                 id: StreamId::FRESH,
                 event: pool.order.create_event()?,
                 counters: Counters::default(),
-                state: Mutex::new(ListState {
-                    stream: None,
-                    removed: false,
-                    free: FreeBlocks::default(),
-                    allocations: 0,
-                    frees: 0,
-                    in_use: 0,
-                    unflushed: 0,
-                    free_seq: 0,
-                    covered_seq: 0,
-                    covered_done: true,
-                }),
+                state: Mutex::new(ListState::new(None)),
             };
             list.lock()
                 .free
@@ -788,18 +793,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             id,
             event,
             counters: Counters::default(),
-            state: Mutex::new(ListState {
-                stream: Some(stream.clone()),
-                removed: false,
-                free: FreeBlocks::default(),
-                allocations: 0,
-                frees: 0,
-                in_use: 0,
-                unflushed: 0,
-                free_seq: 0,
-                covered_seq: 0,
-                covered_done: true,
-            }),
+            state: Mutex::new(ListState::new(Some(stream.clone()))),
         });
         map.insert(id, Arc::clone(&list));
         Ok(list)
@@ -908,7 +902,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             }
             let newest = st.free.newest_seq();
             self.order_after(&mut st, &victim, own, stream, newest)?;
-            let blocks = st.free.drain_before(u64::MAX);
+            let blocks = st.free.drain();
             victim
                 .counters
                 .stolen
