@@ -25,6 +25,7 @@ pub mod cuda;
 pub mod direct;
 pub mod error;
 mod file;
+pub mod memory;
 pub mod pagecache;
 pub mod plan;
 pub mod pool;
