@@ -3,8 +3,9 @@
 //!
 //! It owns: the free lists, the chunk table, the per-thread caches and the event strategy.
 //! It may not touch: the CUDA driver directly. Streams and events come in through the
-//! [`StreamOrder`] trait (emulated in [`emulated`] for CI; the real implementation goes in
-//! `memory/cuda.rs`), memory through the [`Upstream`] trait.
+//! [`StreamOrder`] trait (emulated in [`emulated`] for CI; the CUDA driver in [`CudaStreams`]),
+//! memory through the [`Upstream`] trait ([`DeviceUpstream`], [`PinnedUpstream`],
+//! [`HostUpstream`]).
 //!
 //! # Semantics
 //!
@@ -120,6 +121,9 @@ mod upstream;
 #[cfg(test)]
 mod tests;
 
+pub use cuda::{
+    CudaStreams, DeviceUpstream, DriverPool, OrderEvent, PinnedUpstream, StreamGate, StreamHandle,
+};
 pub use emulated::{EmulatedCalls, EmulatedEvent, EmulatedOp, EmulatedStream, EmulatedStreams};
 pub use order::{StreamId, StreamOrder};
 pub use pool::{Block, EventPolicy, PoolOptions, PoolResource, PoolStats, StreamStats};
