@@ -209,7 +209,15 @@ std::unique_ptr<Allocator> make(const std::string& name, bool warm, size_t none_
 {
   size_t initial = warm ? kInitialBytes : 0;
   if (name == "ferrio") { return std::make_unique<FerrioAlloc>(initial); }
-  if (name == "rmm-pool") { return std::make_unique<RmmAlloc>(initial); }
+  if (name == "rmm-pool") {
+    try {
+      return std::make_unique<RmmAlloc>(initial);
+    } catch (std::exception const&) {
+      if (initial != 0) { throw; }
+      // In case this RMM refuses an empty initial pool: the smallest one it accepts.
+      return std::make_unique<RmmAlloc>(256);
+    }
+  }
   if (name == "cuMemAllocAsync") { return std::make_unique<AsyncAlloc>(warm); }
   if (name == "none") { return std::make_unique<NoAlloc>(none_bytes); }
   die("unknown allocator " + name);
