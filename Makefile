@@ -4,7 +4,7 @@ CARGO ?= cargo
 PYTHON ?= python3
 BENCH_ARGS ?= --compare
 
-.PHONY: bench test lint rust-test deps-system build help gpu-wheel gpu-test
+.PHONY: bench test lint rust-test deps-system build help gpu-wheel gpu-test memory-gpu-build memory-gpu-run
 
 help:
 	@echo "make bench   install what is missing, build, run 'ferrio bench $(BENCH_ARGS)'"
@@ -45,3 +45,12 @@ gpu-wheel:
 # There: install the carried wheels, run the Rust tests on the real GPU, then the Python GPU tests.
 gpu-test:
 	bash benchmarks/gpu_test.sh
+
+# --- Issue 7 on the GPU machine: the pool's real-GPU tests and benchmarks. ---
+# Here: build .carry/memory/ (test binary, Rust and C++ benchmarks, RMM's libraries).
+memory-gpu-build:
+	bash benchmarks/memory_pool/build_gpu.sh
+
+# There, with .carry/memory carried: logs and JSON to $$OUT.
+memory-gpu-run:
+	bash benchmarks/memory_pool/run_gpu.sh

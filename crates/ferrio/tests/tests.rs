@@ -7,4 +7,5 @@
 mod bounce;
 mod cuda;
 mod it;
+mod memory;
 mod support;

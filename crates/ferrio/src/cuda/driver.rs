@@ -27,6 +27,8 @@ pub(crate) type CuDevicePtr = u64;
 pub(crate) type Handle = *mut c_void;
 
 pub(crate) const CUDA_SUCCESS: CuResult = 0;
+pub(crate) const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
+pub(crate) const CUDA_ERROR_DEINITIALIZED: CuResult = 4;
 pub(crate) const CUDA_ERROR_NOT_READY: CuResult = 600;
 
 pub(crate) const CU_POINTER_ATTRIBUTE_CONTEXT: c_int = 1;
@@ -43,6 +45,8 @@ pub(crate) const CU_STREAM_NON_BLOCKING: c_uint = 1;
 pub(crate) const CU_EVENT_DISABLE_TIMING: c_uint = 2;
 pub(crate) const CU_MEMHOSTALLOC_PORTABLE: c_uint = 1;
 pub(crate) const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: bytes a memory pool keeps before trimming at a sync.
+pub(crate) const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
 
 /// The oldest driver ferrio accepts (CUDA 12.0, `cuDriverGetVersion` encoding).
 const MIN_DRIVER_VERSION: c_int = 12000;
@@ -140,7 +144,26 @@ driver_api! {
     mem_alloc_managed = c"cuMemAllocManaged": fn(*mut CuDevicePtr, usize, c_uint);
     /// `cuMemFree(CUdeviceptr)`.
     mem_free = c"cuMemFree_v2": fn(CuDevicePtr);
+    /// `cuStreamWaitEvent(CUstream, CUevent, flags)`: later work on the stream waits, on the
+    /// device, for the event's latest record.
+    stream_wait_event = c"cuStreamWaitEvent": fn(Handle, Handle, c_uint);
+    /// `cuLaunchHostFunc(CUstream, void (*)(void*), void*)`: runs a host function in stream
+    /// order, on a driver thread.
+    launch_host_func = c"cuLaunchHostFunc": fn(Handle, HostFn, *mut c_void);
+    /// `cuMemsetD32Async(dst, value, count, stream)`: `count` 32-bit words.
+    memset_d32_async = c"cuMemsetD32Async": fn(CuDevicePtr, c_uint, usize, Handle);
+    /// `cuMemAllocAsync(CUdeviceptr*, bytes, stream)`: the driver's stream-ordered pool.
+    mem_alloc_async = c"cuMemAllocAsync": fn(*mut CuDevicePtr, usize, Handle);
+    /// `cuMemFreeAsync(CUdeviceptr, stream)`.
+    mem_free_async = c"cuMemFreeAsync": fn(CuDevicePtr, Handle);
+    /// `cuDeviceGetDefaultMemPool(CUmemoryPool*, CUdevice)`.
+    device_get_default_mem_pool = c"cuDeviceGetDefaultMemPool": fn(*mut Handle, CuDevice);
+    /// `cuMemPoolSetAttribute(CUmemoryPool, CUmemPool_attribute, void*)`.
+    mem_pool_set_attribute = c"cuMemPoolSetAttribute": fn(Handle, c_int, *mut c_void);
 }
+
+/// `CUhostFn`: a function the driver calls in stream order from one of its threads.
+pub(crate) type HostFn = unsafe extern "C" fn(*mut c_void);
 
 /// The loaded and initialised driver.
 pub(crate) struct Driver {

@@ -11,6 +11,7 @@
 //! ([`classify`]), and a [`ContextGuard`] makes it current on the calling thread for the
 //! duration of the operation only.
 
+pub(crate) mod calls;
 mod driver;
 
 use std::ffi::{c_int, c_uint, c_void};

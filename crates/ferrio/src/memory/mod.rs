@@ -3,8 +3,9 @@
 //!
 //! It owns: the free lists, the chunk table, the per-thread caches and the event strategy.
 //! It may not touch: the CUDA driver directly. Streams and events come in through the
-//! [`StreamOrder`] trait (emulated in [`emulated`] for CI; the real implementation goes in
-//! `memory/cuda.rs`), memory through the [`Upstream`] trait.
+//! [`StreamOrder`] trait (emulated in [`emulated`] for CI; the CUDA driver in [`CudaStreams`]),
+//! memory through the [`Upstream`] trait ([`DeviceUpstream`], [`PinnedUpstream`],
+//! [`HostUpstream`]).
 //!
 //! # Semantics
 //!
@@ -108,6 +109,22 @@
 //! Events are destroyed only when the pool drops a list (pool drop, or a detached stream's
 //! list running empty); per-thread caches hold weak references only, so no event or memory is
 //! ever released from a thread-local or static destructor at process exit.
+//!
+//! # Who uses it, and why not the bounce rings
+//!
+//! On a GPU the pool runs over [`CudaStreams`] with [`DeviceUpstream`] (device memory) or
+//! [`PinnedUpstream`] (pinned host memory); it is meant for callers that allocate and free
+//! often on many streams: Python arrays (as CuPy's allocator), staging buffers of user code.
+//!
+//! ferrio's own pinned bounce buffers (`crate::bounce`) do **not** come from it, on purpose:
+//! - a ring allocates its K buffers once, when a worker first copies to a context, and keeps
+//!   them for the worker's life; there is no allocate/free traffic for a pool to absorb (one
+//!   `cuMemHostAlloc` per buffer per worker, against gigabytes copied through it);
+//! - each buffer is used on its own ring's streams only, ordered by the ring's own events, so
+//!   the pool's cross-stream ordering would be unused bookkeeping;
+//! - a pool returns memory to its upstream only when dropped, while a ring's buffers go back
+//!   to the driver (and to the [`PinnedBudget`](crate::bounce::PinnedBudget)) when its worker
+//!   releases them; pooling would keep released pinned memory locked away from the system.
 
 mod blocks;
 mod cuda;
@@ -120,6 +137,9 @@ mod upstream;
 #[cfg(test)]
 mod tests;
 
+pub use cuda::{
+    CudaStreams, DeviceUpstream, DriverPool, OrderEvent, PinnedUpstream, StreamGate, StreamHandle,
+};
 pub use emulated::{EmulatedCalls, EmulatedEvent, EmulatedOp, EmulatedStream, EmulatedStreams};
 pub use order::{StreamId, StreamOrder};
 pub use pool::{Block, EventPolicy, PoolOptions, PoolResource, PoolStats, StreamStats};

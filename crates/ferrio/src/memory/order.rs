@@ -2,8 +2,8 @@
 //! whether it has completed, make a stream wait for it on the device.
 //!
 //! The pool never calls CUDA itself. It talks to a [`StreamOrder`], which is either the
-//! host-memory emulation in [`super::emulated`] (tests, CI) or the CUDA driver (see
-//! `memory/cuda.rs` for the place where that implementation goes).
+//! host-memory emulation in [`super::emulated`] (tests, CI) or the CUDA driver
+//! ([`super::CudaStreams`]).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,7 +1,8 @@
 //! Where the pool gets its memory from: the [`Upstream`] trait and the plain host upstream.
 //!
 //! Device memory (`cuMemAlloc`) and pinned host memory (`cuMemHostAlloc`) upstreams live with
-//! the CUDA implementation (see `memory/cuda.rs`); this file holds the trait and
+//! the CUDA implementation ([`super::DeviceUpstream`], [`super::PinnedUpstream`]); this file
+//! holds the trait and
 //! [`HostUpstream`], which uses the Rust global allocator and is what the tests run on.
 
 use std::alloc::Layout;
