@@ -40,7 +40,7 @@ sed -n '/^medians/,$p' "$LOGS/gpu_compare.log" | tee -a "$S"; tail -3 "$LOGS/gpu
 cd "$ROOT"
 
 step multi-drive-gpu
-FERRIO=/tmp/site/bin/ferrio timeout 240 bash benchmarks/multi_drive.sh -n 4 -b 256 -s 1G -r 2 -g \
+FERRIO=$ROOT/.carry/bin/ferrio timeout 240 bash benchmarks/multi_drive.sh -n 4 -b 256 -s 1G -r 2 -g \
   >"$LOGS/multi_drive.log" 2>&1
 tail -8 "$LOGS/multi_drive.log" | tee -a "$S"
 step done
