@@ -725,7 +725,15 @@ impl File {
             // SAFETY: forwarded: `dst` covers the task.
             return unsafe { self.read_overread(w, dst, t.offset, t.len) };
         }
-        let parts = plan::direct_parts(t.offset, t.end(), align);
+        // An O_DIRECT read that crosses end of file may fill the rest of the caller's buffer
+        // (past the count it returns) with whatever the last blocks hold: direct reads stop at
+        // the last whole block of the file, and the bytes after it go through the page cache.
+        let size = sys::fstat(self.fd())
+            .map_err(|e| self.err(Op::Stat, t.offset, 0, e))?
+            .st_size as u64;
+        let direct_end = plan::align_down(size, align).clamp(t.offset, t.end());
+        let mut parts = plan::direct_parts(t.offset, direct_end, align);
+        parts.tail.end = t.end();
         let mut done = 0usize;
         for (range, direct) in [
             (parts.head, false),

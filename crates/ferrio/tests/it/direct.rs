@@ -167,3 +167,32 @@ fn tmpfs_refuses_direct_and_falls_back() {
     let got = std::fs::read(&path).unwrap();
     assert!(got[7..5007] == content[..5000]);
 }
+
+#[test]
+fn direct_reads_never_write_past_end_of_file_into_the_buffer() {
+    let dir = disk_dir();
+    let len = 3 * 4096 + 100;
+    let content = data(len, 17);
+    let path = make_file(dir.path(), "f", &content);
+    for overread in [false, true] {
+        let f = File::options()
+            .settings(settings(DirectMode::On, overread, 1 << 20))
+            .open(&path, "r")
+            .unwrap();
+        for offset in [0u64, 4096, 512] {
+            pagecache::drop_file(&path).unwrap();
+            // Page-aligned memory, so the direct read lands in it without scratch.
+            let mut buf = ferrio::sys::AlignedBuf::new(8 * 4096, 4096).unwrap();
+            buf.as_mut_slice().fill(POISON);
+            let n = f.read_at(buf.as_mut_slice(), offset).unwrap();
+            assert_eq!(n, len - offset as usize);
+            assert!(buf.as_slice()[..n] == content[offset as usize..]);
+            let past = &buf.as_slice()[n..];
+            assert!(
+                past.iter().all(|&b| b == POISON),
+                "overread={overread} offset={offset}: {} bytes past EOF were overwritten",
+                past.iter().filter(|&&b| b != POISON).count()
+            );
+        }
+    }
+}
