@@ -8,6 +8,7 @@ callback (on ferrio's callback thread) hands the outcome to the loop with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from ferrio._native import IOFuture
 
@@ -22,11 +23,9 @@ def wrap(future: IOFuture) -> asyncio.Future[int]:
     waiter: asyncio.Future[int] = loop.create_future()
 
     def on_done(done: IOFuture) -> None:
-        try:
+        # A RuntimeError means the loop was closed while the I/O ran: nobody is left to tell.
+        with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(_settle, done, waiter)
-        except RuntimeError:
-            # The loop was closed while the I/O ran: nobody is left to tell.
-            pass
 
     def on_cancel(w: asyncio.Future[int]) -> None:
         if w.cancelled():

@@ -34,6 +34,8 @@ def fromfile(
     dt = np.dtype(dtype)
     if offset < 0:
         raise ValueError(f"offset must be at least 0, not {offset}")
+    if shape is not None and count != -1:
+        raise ValueError("give count or shape, not both")
     with _open(path, "r") as f:
         if shape is not None:
             dims = (shape,) if isinstance(shape, int) else tuple(shape)

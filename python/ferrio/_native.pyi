@@ -3,14 +3,38 @@
 import os
 import types
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, final
+from typing import Any, Self, final
 
-from typing_extensions import Buffer, Self
+__all__ = [
+    "CancelledError",
+    "CudaError",
+    "CudaUnavailableError",
+    "FerrioError",
+    "File",
+    "IOFuture",
+    "Residency",
+    "__version__",
+    "cli_main",
+    "config_describe",
+    "config_get",
+    "config_set",
+    "config_settings",
+    "drop_cache",
+    "drop_system_cache",
+    "env_error",
+    "open",
+    "residency",
+    "wait",
+]
 
 __version__: str
 
 _Path = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 _Setting = int | bool | str
+# Any object with the buffer protocol: numpy arrays, bytearray, memoryview, mmap. Spelled Any,
+# not collections.abc.Buffer, because numpy's stubs declare ndarray.__buffer__ only for Python
+# 3.12 and later; a wrong object raises TypeError at run time.
+_Buffer = Any
 
 class FerrioError(Exception):
     """Root of every ferrio error that is not an OSError or a ValueError."""
@@ -38,13 +62,13 @@ class File:
         direct_write: _Setting | None = None,
         direct_overread: _Setting | None = None,
     ) -> File: ...
-    def read(self, buf: Buffer, size: int | None = None, offset: int = 0) -> int:
+    def read(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> int:
         """Read into `buf` in parallel and wait; returns the bytes read."""
-    def write(self, buf: Buffer, size: int | None = None, offset: int = 0) -> int:
+    def write(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> int:
         """Write from `buf` in parallel and wait; returns the bytes written."""
-    def pread(self, buf: Buffer, size: int | None = None, offset: int = 0) -> IOFuture:
+    def pread(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> IOFuture:
         """Start a read into `buf` and return its future at once."""
-    def pwrite(self, buf: Buffer, size: int | None = None, offset: int = 0) -> IOFuture:
+    def pwrite(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> IOFuture:
         """Start a write from `buf` and return its future at once."""
     def sync(self) -> None:
         """Flush written data to the device."""
@@ -54,7 +78,7 @@ class File:
     def closed(self) -> bool:
         """Whether the file is closed."""
     def fileno(self) -> int:
-        """The file descriptor."""
+        """Return the file descriptor."""
     @property
     def path(self) -> str:
         """The path the file was opened with."""
@@ -121,7 +145,7 @@ def wait(futures: Sequence[IOFuture], timeout: float | None = None) -> list[int]
     """Wait for every future; return their byte counts in order."""
 
 def residency(path: _Path, offset: int = 0, size: int | None = None) -> Residency:
-    """Page-cache residency of a file range."""
+    """Return the page-cache residency of a file range."""
 
 def drop_cache(path: _Path) -> None:
     """Drop a file's pages from the page cache."""
@@ -130,19 +154,19 @@ def drop_system_cache() -> None:
     """Drop the whole system's clean page cache (needs root)."""
 
 def config_get(name: str) -> _Setting:
-    """The value of one process-wide setting."""
+    """Return the value of one process-wide setting."""
 
 def config_set(values: Sequence[tuple[str, _Setting]]) -> dict[str, _Setting]:
     """Change settings, all or none; return the previous values."""
 
 def config_settings() -> dict[str, _Setting]:
-    """Every setting by name."""
+    """Return every setting by name."""
 
 def config_describe() -> list[tuple[str, str, str, str]]:
-    """(name, variable, unit, description) of every setting."""
+    """Return (name, variable, unit, description) of every setting."""
 
 def env_error() -> str | None:
-    """The error in the FERRIO_* environment found at start-up, or None."""
+    """Return the error in the FERRIO_* environment found at start-up, or None."""
 
 def cli_main(argv: Sequence[str]) -> int:
     """Run the ferrio command line; return its exit code."""

@@ -90,7 +90,7 @@ class _Change:
         return f"<ferrio.config.set, previous values {self._previous!r}>"
 
 
-def set(**values: Value) -> _Change:  # noqa: A001 - the module's verb, as in ferrio.config.set
+def set(**values: Value) -> _Change:
     """Change settings for the whole process, all or none, effective at once.
 
     Names are setting names or their ``FERRIO_*`` variables; values are ints, bools or strings
