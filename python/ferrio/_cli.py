@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 
 from ferrio import _native
@@ -10,10 +9,9 @@ from ferrio import _native
 
 def main() -> None:
     """Run ``ferrio`` with this process's arguments and exit with its status."""
-    # Behave like the native binary: Ctrl-C ends the command at once instead of waiting for
-    # Python to run its handler.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    sys.exit(_native.cli_main(sys.argv))
+    # The command line installs its own Ctrl-C handler: it stops cleanly and exits with 130.
+    # It is `ferrio` in its messages however it was started (console script, python -m).
+    sys.exit(_native.cli_main(["ferrio", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

@@ -1,2 +1,5 @@
 //! The `ferrio` command line.
-fn main() {}
+
+fn main() {
+    std::process::exit(ferrio_cli::run(std::env::args_os().collect()));
+}

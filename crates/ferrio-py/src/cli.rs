@@ -8,17 +8,10 @@ use crate::gil::without_gil;
 
 /// Runs the `ferrio` command line with `argv` (program name first) and returns its exit code.
 ///
-/// The GIL is released while it runs. The console script restores the default SIGINT action
-/// first, so Ctrl-C ends the command as it ends the native binary.
+/// The GIL is released while it runs. The command line installs its own Ctrl-C handler (it
+/// stops cleanly and exits with 130), replacing Python's for the rest of the process: meant for
+/// the console script, whose process ends with the command.
 #[pyfunction]
 pub(crate) fn cli_main(py: Python<'_>, argv: Vec<OsString>) -> PyResult<i32> {
-    without_gil(py, || run_cli(argv))
-}
-
-/// Placeholder until the `ferrio-cli` crate exposes `run(args) -> i32` as a library: reports
-/// that this build has no command line.
-fn run_cli(argv: Vec<OsString>) -> i32 {
-    let _ = argv;
-    eprintln!("ferrio: this build of the Python package has no command line yet");
-    2
+    without_gil(py, || ferrio_cli::run(argv))
 }

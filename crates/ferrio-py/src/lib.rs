@@ -1,8 +1,9 @@
 //! `ferrio._native`: the Python bindings of ferrio, re-exported by the `ferrio` package.
 //!
-//! One file per Python class ([`file`], [`future`], [`pagecache`]), plus buffer validation
-//! ([`buffer`]), the exception mapping ([`errors`]), settings ([`config`]), the console script
-//! ([`cli`]) and the one helper that releases the GIL ([`gil`]).
+//! One file per Python class (`file.rs`: `File`, `future.rs`: `IOFuture`, `pagecache.rs`:
+//! `Residency`), plus buffer validation (`buffer.rs`), the exception mapping (`errors.rs`),
+//! settings (`config.rs`), the console script (`cli.rs`) and the one helper that releases the
+//! GIL (`gil.rs`).
 
 mod buffer;
 mod cli;

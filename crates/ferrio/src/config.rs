@@ -67,6 +67,9 @@ pub struct Settings {
     pub task_size: u64,
     /// Worker threads per device pool; 0 picks by device kind. `FERRIO_THREADS_PER_DEVICE`.
     pub threads_per_device: usize,
+    /// Threads for named pools, overriding `threads_per_device`: `nvme0=16,loop3=2`.
+    /// `FERRIO_DEVICE_THREADS`, default empty.
+    pub device_threads: Vec<(String, usize)>,
     /// Cap on I/O worker threads across all pools. `FERRIO_MAX_THREADS`.
     pub max_threads: usize,
     /// One worker pool per block device (true) or one pool for everything (false).
@@ -92,6 +95,7 @@ impl Default for Settings {
         Settings {
             task_size: 4 << 20,
             threads_per_device: 0,
+            device_threads: Vec::new(),
             max_threads: 64,
             per_device_pools: true,
             direct_read: DirectMode::Auto,
@@ -130,6 +134,12 @@ pub const SETTINGS: &[SettingInfo] = &[
         env: "FERRIO_THREADS_PER_DEVICE",
         unit: "threads (0 = by device kind)",
         doc: "worker threads of each device's pool",
+    },
+    SettingInfo {
+        name: "device_threads",
+        env: "FERRIO_DEVICE_THREADS",
+        unit: "POOL=N,... (pool keys as `ferrio info` shows them)",
+        doc: "threads for named pools, overriding threads_per_device",
     },
     SettingInfo {
         name: "max_threads",
@@ -183,6 +193,7 @@ pub const SETTINGS: &[SettingInfo] = &[
 
 const SIZE_FORMS: &str = "a byte count such as 4194304, 4MiB, 4M, 512KiB, 2GiB or 1G";
 const COUNT_FORMS: &str = "a whole number such as 0, 4 or 16";
+const DEVICE_THREADS_FORMS: &str = "comma-separated POOL=N with N >= 1, e.g. nvme0=16,loop3=2";
 const BOOL_FORMS: &str = "on|off (also true/false, 1/0, yes/no)";
 
 impl Settings {
@@ -242,6 +253,12 @@ impl Settings {
         Ok(match info.name {
             "task_size" => self.task_size.to_string(),
             "threads_per_device" => self.threads_per_device.to_string(),
+            "device_threads" => self
+                .device_threads
+                .iter()
+                .map(|(k, n)| format!("{k}={n}"))
+                .collect::<Vec<_>>()
+                .join(","),
             "max_threads" => self.max_threads.to_string(),
             "per_device_pools" => on_off(self.per_device_pools).to_string(),
             "direct_read" => self.direct_read.to_string(),
@@ -283,6 +300,18 @@ impl Settings {
                 self.task_size = v;
             }
             "threads_per_device" => self.threads_per_device = count()?,
+            "device_threads" => {
+                let mut map = Vec::new();
+                for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+                    let (k, n) = item
+                        .split_once('=')
+                        .ok_or_else(|| bad(DEVICE_THREADS_FORMS))?;
+                    let n = n.trim().parse::<usize>().ok().filter(|&n| n > 0);
+                    let n = n.ok_or_else(|| bad(DEVICE_THREADS_FORMS))?;
+                    map.push((k.trim().to_string(), n));
+                }
+                self.device_threads = map;
+            }
             "max_threads" => {
                 let v = count()?;
                 if v == 0 {
@@ -312,6 +341,16 @@ impl Settings {
             _ => unreachable!("every SETTINGS entry is handled"),
         }
         Ok(())
+    }
+}
+
+impl Settings {
+    /// The `device_threads` entry for pool `key`, if any.
+    pub fn device_threads_for(&self, key: &str) -> Option<usize> {
+        self.device_threads
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|&(_, n)| n)
     }
 }
 
@@ -477,6 +516,11 @@ mod tests {
         s.set("direct_read", "on").unwrap();
         assert_eq!(s.direct_read, DirectMode::On);
         s.set("per_device_pools", "no").unwrap();
+        s.set("FERRIO_DEVICE_THREADS", "nvme0=16, loop3=2").unwrap();
+        assert_eq!(s.device_threads_for("loop3"), Some(2));
+        assert_eq!(s.get("device_threads").unwrap(), "nvme0=16,loop3=2");
+        assert!(s.set("device_threads", "nvme0").is_err());
+        assert!(s.set("device_threads", "nvme0=0").is_err());
         assert!(!s.per_device_pools);
     }
 

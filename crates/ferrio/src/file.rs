@@ -9,8 +9,10 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::bounce;
 use crate::buffer::{IoBuf, IoBufMut};
 use crate::config::{DirectMode, Settings};
+use crate::cuda::{self, DevicePtr, Memory};
 use crate::direct::{self, DirectSupport};
 use crate::error::{Error, Op, Result};
 use crate::plan::{self, Task};
@@ -206,7 +208,8 @@ struct Inner {
     /// Next append offset, for modes `a` and `a+`.
     append_at: Mutex<u64>,
     pool: Arc<DevicePool>,
-    thread_cap: usize,
+    /// The settings at open (thread cap, bounce-ring sizes).
+    settings: Settings,
 }
 
 /// A raw address that may cross to worker threads; the future it belongs to keeps it valid.
@@ -259,7 +262,7 @@ impl File {
                 ),
             }
         };
-        let pool = crate::pool::pool_for(&pool_key(st.st_dev, settings), pool_threads(settings));
+        let pool = pool_for_device(st.st_dev, settings);
         Ok(File {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
@@ -270,7 +273,7 @@ impl File {
                 direct_refused: AtomicBool::new(false),
                 append_at: Mutex::new(st.st_size as u64),
                 pool,
-                thread_cap: settings.max_threads,
+                settings: settings.clone(),
             }),
             choices,
         })
@@ -391,6 +394,40 @@ impl File {
         }
     }
 
+    /// Reads `len` bytes at `offset` into GPU memory at `dst`, in parallel: each worker reads
+    /// into its pinned bounce buffers and copies them to the device on its own stream, so the
+    /// read of one buffer overlaps the copy of the previous one. The future completes when the
+    /// last copy has. The CUDA context comes from the pointer (several GPUs work). Fails with
+    /// [`Error::CudaUnavailable`] without a driver and [`Error::InvalidArgument`] when `dst` is
+    /// not device memory.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must be device (or managed) memory that stays allocated, and that nothing
+    /// else writes, until the returned future has been waited on or dropped. The future must not
+    /// be leaked.
+    pub unsafe fn pread_device(&self, dst: DevicePtr, len: usize, offset: u64) -> IoFuture {
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { self.start_device(dst, len, offset, Direction::Read) } {
+            Ok(c) => IoFuture::new(c, ()),
+            Err(e) => IoFuture::failed(e, ()),
+        }
+    }
+
+    /// Writes `len` bytes from GPU memory at `src` to the file at `offset`, in parallel: each
+    /// worker copies chunks to its pinned bounce buffers on its own stream while it writes the
+    /// previous chunk. Work on other streams that produces `src` must have finished first.
+    ///
+    /// # Safety
+    /// `src..src+len` must be device (or managed) memory that stays allocated and unchanged until
+    /// the returned future has been waited on or dropped. The future must not be leaked.
+    pub unsafe fn pwrite_device(&self, src: DevicePtr, len: usize, offset: u64) -> IoFuture {
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { self.start_device(src, len, offset, Direction::Write) } {
+            Ok(c) => IoFuture::new(c, ()),
+            Err(e) => IoFuture::failed(e, ()),
+        }
+    }
+
     /// Reads into `buf` at `offset`, in parallel, and waits. Returns the bytes read: fewer than
     /// `buf.len()` only at end of file (0 past it).
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
@@ -456,6 +493,10 @@ impl File {
     }
 
     fn plan(&self, offset: u64, len: usize) -> Result<Vec<Task>> {
+        self.plan_with(offset, len, self.choices.task_size)
+    }
+
+    fn plan_with(&self, offset: u64, len: usize, task_size: u64) -> Result<Vec<Task>> {
         if offset
             .checked_add(len as u64)
             .is_none_or(|end| end > i64::MAX as u64)
@@ -464,12 +505,7 @@ impl File {
                 "offset {offset} + length {len} is past the largest file offset"
             )));
         }
-        Ok(plan::split(
-            offset,
-            len,
-            self.choices.task_size,
-            self.plan_align(),
-        ))
+        Ok(plan::split(offset, len, task_size, self.plan_align()))
     }
 
     /// # Safety
@@ -491,7 +527,7 @@ impl File {
             Arc::clone(&completion),
             Direction::Read,
             true,
-            self.inner.thread_cap,
+            self.inner.settings.max_threads,
             run,
         );
         Ok(completion)
@@ -533,10 +569,112 @@ impl File {
             Arc::clone(&completion),
             Direction::Write,
             true,
-            self.inner.thread_cap,
+            self.inner.settings.max_threads,
             run,
         );
         Ok(completion)
+    }
+
+    /// Plans and queues a transfer between the file and device memory.
+    ///
+    /// # Safety
+    /// As [`File::pread_device`] / [`File::pwrite_device`].
+    unsafe fn start_device(
+        &self,
+        ptr: DevicePtr,
+        len: usize,
+        offset: u64,
+        direction: Direction,
+    ) -> Result<Arc<Completion>> {
+        let op = if direction == Direction::Read {
+            Op::Read
+        } else {
+            Op::Write
+        };
+        self.check_mode(op)?;
+        cuda::available()?;
+        let context = match cuda::try_classify(ptr.0 as usize)? {
+            Memory::Device { context, .. } => context,
+            Memory::Host => {
+                return Err(Error::InvalidArgument(format!(
+                    "address {:#x} is not GPU memory (use the host-memory calls for it)",
+                    ptr.0
+                )))
+            }
+        };
+        if ptr.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument("device range wraps around".into()));
+        }
+        let offset = if direction == Direction::Write {
+            self.write_offset(offset, len)
+        } else {
+            offset
+        };
+        // A task spans the whole ring, so that inside it the read of one buffer overlaps the copy
+        // of the one before.
+        let ring_bytes =
+            self.inner.settings.bounce_buffer_size * self.inner.settings.bounce_buffers as u64;
+        let task_size = self.choices.task_size.max(ring_bytes);
+        let tasks = self.plan_with(offset, len, task_size)?;
+        let completion = Completion::new(offset, len, tasks.len());
+        let file = self.clone();
+        let run = Box::new(move |w: &mut Worker, t: &Task| {
+            let at = DevicePtr(ptr.0 + t.buf_offset as u64);
+            let settings = &file.inner.settings;
+            if direction == Direction::Read {
+                bounce::read_to_device(context, at, t.len, t.offset, settings, &mut |buf, off| {
+                    let chunk = Task {
+                        offset: off,
+                        len: buf.len(),
+                        buf_offset: 0,
+                    };
+                    // SAFETY: `buf` is the ring's pinned buffer, valid for `buf.len()` bytes.
+                    unsafe { file.read_task(w, buf.as_mut_ptr(), &chunk) }
+                })
+            } else {
+                bounce::write_from_device(
+                    context,
+                    at,
+                    t.len,
+                    t.offset,
+                    settings,
+                    &mut |buf, off| {
+                        let chunk = Task {
+                            offset: off,
+                            len: buf.len(),
+                            buf_offset: 0,
+                        };
+                        // SAFETY: `buf` is the ring's pinned buffer, valid for `buf.len()` bytes.
+                        unsafe { file.write_task(w, buf.as_ptr(), &chunk) }.map(|_| ())
+                    },
+                )
+            }
+        });
+        self.inner.pool.submit(
+            tasks,
+            Arc::clone(&completion),
+            direction,
+            false,
+            self.inner.settings.max_threads,
+            run,
+        );
+        Ok(completion)
+    }
+
+    /// The offset a write of `len` bytes goes to: `offset`, or the end of the file in append
+    /// modes (reserving the range, so concurrent appends do not overlap).
+    fn write_offset(&self, offset: u64, len: usize) -> u64 {
+        if !self.inner.mode.appends() {
+            return offset;
+        }
+        let mut at = self
+            .inner
+            .append_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let start = *at;
+        *at += len as u64;
+        start
     }
 
     fn fd(&self) -> BorrowedFd<'_> {
@@ -894,21 +1032,41 @@ impl std::fmt::Debug for File {
     }
 }
 
-/// The pool a file on device `dev` belongs to.
-fn pool_key(dev: libc::dev_t, settings: &Settings) -> String {
+/// The pool a file on device `dev` belongs to, and how many threads it gets: the
+/// `device_threads` entry for the key if there is one, else `threads_per_device` for each disk
+/// behind it (a RAID-0 of four disks gets four times as many), else the device kind's default.
+/// With per-device pools off, every file shares the pool `global`.
+fn pool_for_device(dev: libc::dev_t, settings: &Settings) -> Arc<DevicePool> {
+    let stack =
+        crate::blockdev::Resolver::system().device(crate::blockdev::DevId::from_st_dev(dev));
+    let (key, disks, suggested) = match &stack {
+        Ok(s) => (
+            s.pool.to_string(),
+            s.pool.disk_count().max(1),
+            s.suggested_threads(),
+        ),
+        // Unknown to sysfs (a device that vanished, a container without /sys): a pool of its own.
+        Err(_) => (
+            format!("dev:{}:{}", libc::major(dev), libc::minor(dev)),
+            1,
+            DEFAULT_THREADS,
+        ),
+    };
+    let per_disk = |n: usize| if n > 0 { n * disks } else { suggested };
     if !settings.per_device_pools {
-        return "global".into();
+        let n = settings
+            .device_threads_for("global")
+            .unwrap_or(per_disk(settings.threads_per_device));
+        return crate::pool::pool_for("global", n);
     }
-    format!("dev{}:{}", libc::major(dev), libc::minor(dev))
+    let n = settings
+        .device_threads_for(&key)
+        .unwrap_or(per_disk(settings.threads_per_device));
+    crate::pool::pool_for(&key, n)
 }
 
-fn pool_threads(settings: &Settings) -> usize {
-    if settings.threads_per_device > 0 {
-        settings.threads_per_device
-    } else {
-        8
-    }
-}
+/// Threads of a pool whose device sysfs cannot describe.
+const DEFAULT_THREADS: usize = 4;
 
 /// Statistics of every worker pool started so far.
 pub fn stats() -> Vec<pool::PoolStats> {

@@ -17,11 +17,15 @@
 //! ```
 #![deny(rustdoc::broken_intra_doc_links)]
 
+pub mod blockdev;
+pub mod bounce;
 mod buffer;
 pub mod config;
+pub mod cuda;
 pub mod direct;
 pub mod error;
 mod file;
+pub mod memory;
 pub mod pagecache;
 pub mod plan;
 pub mod pool;

@@ -9,7 +9,7 @@
 //!
 //! Lock order: the registry lock is never held while a pool's queue lock is taken; a pool's
 //! queue lock is held only to push or pop jobs (never across a task or a syscall); a
-//! [`Completion`] lock is taken last and only by `future.rs`.
+//! `Completion` lock is taken last and only by `future.rs`.
 
 mod future;
 
@@ -361,4 +361,166 @@ pub fn stats() -> Vec<PoolStats> {
 /// I/O worker threads started by all pools together.
 pub fn total_threads() -> usize {
     TOTAL_THREADS.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn tasks(n: usize) -> Vec<Task> {
+        (0..n)
+            .map(|i| Task {
+                offset: i as u64,
+                len: 1,
+                buf_offset: i,
+            })
+            .collect()
+    }
+
+    fn sleepy(ms: u64) -> Box<TaskFn> {
+        Box::new(move |_, _| {
+            std::thread::sleep(Duration::from_millis(ms));
+            Ok(1)
+        })
+    }
+
+    #[test]
+    fn a_huge_request_cannot_starve_a_small_one() {
+        let pool = DevicePool::new("test-fairness".into(), 1);
+        let huge = Completion::new(0, 200, 200);
+        pool.submit(
+            tasks(200),
+            Arc::clone(&huge),
+            Direction::Read,
+            false,
+            usize::MAX,
+            sleepy(2),
+        );
+        std::thread::sleep(Duration::from_millis(10));
+        let small = Completion::new(0, 2, 2);
+        let small_fut = IoFuture::new(Arc::clone(&small), ());
+        pool.submit(
+            tasks(2),
+            small,
+            Direction::Read,
+            false,
+            usize::MAX,
+            sleepy(2),
+        );
+        assert_eq!(small_fut.wait().unwrap(), 2);
+        let huge_fut = IoFuture::new(huge, ());
+        assert!(
+            !huge_fut.is_done(),
+            "the small request waited for the whole huge one"
+        );
+        assert_eq!(huge_fut.wait().unwrap(), 200);
+    }
+
+    #[test]
+    fn requests_on_one_pool_share_it_round_robin() {
+        let pool = DevicePool::new("test-round-robin".into(), 1);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let futs: Vec<_> = (0..3)
+            .map(|id| {
+                let c = Completion::new(0, 4, 4);
+                let order = Arc::clone(&order);
+                let run: Box<TaskFn> = Box::new(move |_, _| {
+                    order.lock().unwrap().push(id);
+                    std::thread::sleep(Duration::from_millis(1));
+                    Ok(1)
+                });
+                pool.submit(
+                    tasks(4),
+                    Arc::clone(&c),
+                    Direction::Read,
+                    false,
+                    usize::MAX,
+                    run,
+                );
+                IoFuture::new(c, ())
+            })
+            .collect();
+        assert_eq!(wait_all(futs).unwrap(), 12);
+        let order = order.lock().unwrap();
+        // After the first task (taken before the others were queued), every window of three
+        // consecutive tasks while all three are queued holds each request once.
+        let tail: Vec<_> = order.iter().copied().skip_while(|&id| id == 0).collect();
+        assert!(tail.len() >= 6, "{order:?}");
+        for w in tail[..6].chunks(3) {
+            let mut w = w.to_vec();
+            w.sort();
+            w.dedup();
+            assert!(w.len() >= 2, "not interleaved: {order:?}");
+        }
+    }
+
+    #[test]
+    fn the_global_cap_bounds_new_threads_but_every_pool_gets_one() {
+        let cap = total_threads();
+        let pool = DevicePool::new("test-cap".into(), 8);
+        let c = Completion::new(0, 16, 16);
+        pool.submit(
+            tasks(16),
+            Arc::clone(&c),
+            Direction::Read,
+            false,
+            cap,
+            sleepy(1),
+        );
+        assert_eq!(IoFuture::new(c, ()).wait().unwrap(), 16);
+        assert_eq!(
+            pool.stats().threads,
+            1,
+            "at the cap a pool still gets its first thread only"
+        );
+        let roomy = DevicePool::new("test-roomy".into(), 3);
+        let c = Completion::new(0, 16, 16);
+        roomy.submit(
+            tasks(16),
+            Arc::clone(&c),
+            Direction::Read,
+            false,
+            usize::MAX,
+            sleepy(1),
+        );
+        assert_eq!(IoFuture::new(c, ()).wait().unwrap(), 16);
+        assert_eq!(
+            roomy.stats().threads,
+            3,
+            "below the cap a pool grows to its size"
+        );
+    }
+
+    #[test]
+    fn the_first_error_cancels_tasks_not_started() {
+        let pool = DevicePool::new("test-cancel".into(), 1);
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&ran);
+        let run: Box<TaskFn> = Box::new(move |_, t| {
+            r.fetch_add(1, Ordering::SeqCst);
+            if t.offset == 3 {
+                Err(crate::Error::InvalidArgument("task 3 fails".into()))
+            } else {
+                Ok(1)
+            }
+        });
+        let c = Completion::new(0, 100, 100);
+        pool.submit(
+            tasks(100),
+            Arc::clone(&c),
+            Direction::Read,
+            false,
+            usize::MAX,
+            run,
+        );
+        let e = IoFuture::new(c, ()).wait().unwrap_err();
+        assert!(e.to_string().contains("task 3 fails"), "{e}");
+        assert!(
+            ran.load(Ordering::SeqCst) < 100,
+            "tasks after the error were cancelled"
+        );
+        let s = pool.stats();
+        assert_eq!(s.queued, 0, "cancelled tasks left the queue");
+    }
 }

@@ -4,6 +4,7 @@
 //! fadvise, mincore) and aligned allocations. Nothing here knows about tasks, pools or settings.
 
 mod aligned;
+pub(crate) mod statfs;
 
 pub use aligned::AlignedBuf;
 
@@ -279,15 +280,6 @@ pub fn ftruncate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
     cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) }).map(|_| ())
 }
 
-/// `statfs(2)` `f_type` of the file system holding `fd`.
-pub fn fs_magic(fd: BorrowedFd<'_>) -> io::Result<i64> {
-    // SAFETY: an all-zero `statfs` is a valid value for this plain C struct.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open and `st` is writable.
-    cvt(unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) })?;
-    Ok(st.f_type as i64)
-}
-
 /// The system's page size in bytes.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -313,4 +305,27 @@ pub fn process_cpu_seconds() -> f64 {
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// CPU time (user + system) used by this process's children that have been waited for, in
+/// seconds.
+pub fn children_cpu_seconds() -> f64 {
+    // SAFETY: an all-zero `rusage` is a valid value and `getrusage` only writes into it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is writable.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// Bytes available to unprivileged users on the file system holding `path`.
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    let c = c_path(path).ok()?;
+    // SAFETY: an all-zero `statvfs` is a valid value for this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `st` is writable.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
 }

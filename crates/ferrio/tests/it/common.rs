@@ -17,9 +17,13 @@ pub fn data(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// A temporary directory on the disk that holds the build (not tmpfs), so O_DIRECT works.
+/// A temporary directory on a real disk (not tmpfs), so O_DIRECT works: `FERRIO_TEST_DIR`, else
+/// the build's temporary directory, else the system's (a test binary carried to another machine).
 pub fn disk_dir() -> tempfile::TempDir {
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let base = std::env::var_os("FERRIO_TEST_DIR")
+        .map(PathBuf::from)
+        .or_else(|| Some(PathBuf::from(env!("CARGO_TARGET_TMPDIR"))).filter(|p| p.is_dir()))
+        .unwrap_or_else(std::env::temp_dir);
     tempfile::Builder::new()
         .prefix("ferrio-test")
         .tempdir_in(base)

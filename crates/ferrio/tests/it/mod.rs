@@ -2,4 +2,5 @@ mod common;
 mod direct;
 mod engine;
 mod errors;
+mod gpu;
 mod pagecache;

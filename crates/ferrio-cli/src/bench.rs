@@ -1,0 +1,392 @@
+//! `ferrio bench`: write, cold read and hot read of a temporary file, several rounds, medians;
+//! with `--compare`, fio and dd run in the same rounds, alternating with ferrio.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+
+use crate::{check_interrupt, gibps, out, parse_size, IoFlags, UsageError};
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    /// Directory for the temporary file [default: the current directory]
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// Size of the temporary file, e.g. 2GiB
+    #[arg(long, default_value = "2GiB", value_parser = parse_size)]
+    size: u64,
+    /// Rounds of each measurement (medians are reported)
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Also run fio (io_uring O_DIRECT iodepth 32 bs 1 MiB, and buffered) and dd (bs 16 MiB) in
+    /// the same rounds and print ratios
+    #[arg(long)]
+    compare: bool,
+    #[command(flatten)]
+    io: IoFlags,
+}
+
+/// One measured run.
+#[derive(Clone, Copy)]
+struct Sample {
+    gib_per_s: f64,
+    cpu_s_per_gib: f64,
+}
+
+/// Every run of one row (engine and phase).
+struct Row {
+    name: &'static str,
+    samples: Vec<Sample>,
+}
+
+impl Row {
+    fn median(&self, f: impl Fn(&Sample) -> f64) -> f64 {
+        let mut v: Vec<f64> = self.samples.iter().map(f).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        match v.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    }
+}
+
+struct Rows(Vec<Row>);
+
+impl Rows {
+    fn add(&mut self, name: &'static str, s: Sample) {
+        match self.0.iter_mut().find(|r| r.name == name) {
+            Some(r) => r.samples.push(s),
+            None => self.0.push(Row {
+                name,
+                samples: vec![s],
+            }),
+        }
+    }
+
+    fn median(&self, name: &str) -> Option<f64> {
+        self.0
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.median(|s| s.gib_per_s))
+    }
+}
+
+pub(crate) fn run(a: Args) -> anyhow::Result<()> {
+    if a.rounds == 0 {
+        return Err(UsageError("--rounds must be at least 1".into()).into());
+    }
+    if a.size < 1 << 20 {
+        return Err(UsageError("--size must be at least 1MiB".into()).into());
+    }
+    crate::existing(&a.dir)?;
+    check_space(&a.dir, a.size)?;
+    if a.compare {
+        for tool in ["fio", "dd"] {
+            if which(tool).is_none() {
+                bail!(UsageError(format!(
+                    "--compare needs `{tool}` on PATH (`make bench` installs fio; or apt-get install fio)"
+                )));
+            }
+        }
+    }
+    // Removed when dropped: on success, on error and after Ctrl-C (checked between steps).
+    let tmp = tempfile::Builder::new()
+        .prefix(".ferrio-bench-")
+        .tempdir_in(&a.dir)
+        .with_context(|| format!("creating a temporary directory in {}", a.dir.display()))?;
+    let path = tmp.path().join("data");
+    let settings = a.io.settings();
+    let human = !a.io.json;
+    let say = |msg: &str| {
+        if human && std::io::stderr().is_terminal() {
+            eprintln!("{msg}");
+        }
+    };
+
+    let mut rows = Rows(Vec::new());
+    let mut buf = vec![0u8; a.size as usize];
+    // Touch every page so no measurement pays for first-touch page faults.
+    for i in (0..buf.len()).step_by(4096) {
+        buf[i] = 1;
+    }
+    let mut info = None;
+    for round in 1..=a.rounds {
+        check_interrupt()?;
+        say(&format!("round {round}/{}: write", a.rounds));
+        let f = ferrio::File::options()
+            .settings(settings.clone())
+            .open(&path, "w+")?;
+        let s = measure(a.size, || {
+            crate::write::write_generated(&f, a.size, true)?;
+            f.sync()?;
+            Ok(())
+        })?;
+        rows.add("ferrio write (synced)", s);
+        info.get_or_insert_with(|| describe(&f));
+        let f = ferrio::File::options()
+            .settings(settings.clone())
+            .open(&path, "r")?;
+
+        say(&format!("round {round}/{}: cold reads", a.rounds));
+        check_interrupt()?;
+        ferrio::pagecache::drop_file(&path)?;
+        rows.add("ferrio cold", measure(a.size, || read_all(&f, &mut buf))?);
+        if a.compare {
+            check_interrupt()?;
+            rows.add("fio io_uring direct cold", fio(&path, a.size, true, false)?);
+            check_interrupt()?;
+            rows.add(
+                "fio io_uring buffered cold",
+                fio(&path, a.size, false, false)?,
+            );
+            check_interrupt()?;
+            ferrio::pagecache::drop_file(&path)?;
+            rows.add("dd bs=16M direct cold", dd(&path, a.size, true)?);
+        }
+
+        say(&format!("round {round}/{}: hot reads", a.rounds));
+        check_interrupt()?;
+        warm(&path)?;
+        rows.add("ferrio hot", measure(a.size, || read_all(&f, &mut buf))?);
+        if a.compare {
+            check_interrupt()?;
+            rows.add(
+                "fio io_uring buffered hot",
+                fio(&path, a.size, false, true)?,
+            );
+            check_interrupt()?;
+            rows.add("dd bs=16M hot", dd(&path, a.size, false)?);
+        }
+    }
+    drop(buf);
+
+    let ratios: Vec<(&str, f64)> = [
+        (
+            "cold read vs fio io_uring O_DIRECT",
+            "ferrio cold",
+            "fio io_uring direct cold",
+        ),
+        (
+            "cold read vs fio buffered",
+            "ferrio cold",
+            "fio io_uring buffered cold",
+        ),
+        (
+            "cold read vs dd direct",
+            "ferrio cold",
+            "dd bs=16M direct cold",
+        ),
+        ("hot read vs dd", "ferrio hot", "dd bs=16M hot"),
+        (
+            "hot read vs fio buffered",
+            "ferrio hot",
+            "fio io_uring buffered hot",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(label, a, b)| Some((label, rows.median(a)? / rows.median(b)?)))
+    .collect();
+
+    let info = info.unwrap_or_default();
+    if a.io.json {
+        let results: serde_json::Map<String, Value> = rows
+            .0
+            .iter()
+            .map(|r| {
+                (
+                    r.name.to_string(),
+                    json!({
+                        "gib_per_s": r.median(|s| s.gib_per_s),
+                        "cpu_seconds_per_gib": r.median(|s| s.cpu_s_per_gib),
+                        "rounds": r.samples.iter().map(|s| json!({"gib_per_s": s.gib_per_s, "cpu_seconds_per_gib": s.cpu_s_per_gib})).collect::<Vec<_>>(),
+                    }),
+                )
+            })
+            .collect();
+        out(&json!({
+            "file_bytes": a.size, "dir": a.dir, "rounds": a.rounds, "file": info,
+            "settings": settings_json(&settings), "results": results,
+            "ratios": ratios.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        })
+        .to_string())?;
+        return Ok(());
+    }
+    out(&format!(
+        "ferrio bench: {} file in {}, {} round(s), medians",
+        ferrio::config::format_size(a.size),
+        a.dir.display(),
+        a.rounds
+    ))?;
+    out(&format!("file: {info}"))?;
+    out(&format!("settings: {}", settings_line(&settings)))?;
+    out(&format!("{:<28} {:>9} {:>11}", "", "GiB/s", "CPU s/GiB"))?;
+    for r in &rows.0 {
+        out(&format!(
+            "{:<28} {:>9.2} {:>11.3}",
+            r.name,
+            r.median(|s| s.gib_per_s),
+            r.median(|s| s.cpu_s_per_gib)
+        ))?;
+    }
+    for (label, ratio) in &ratios {
+        out(&format!("{label}: {ratio:.2}x"))?;
+    }
+    Ok(())
+}
+
+/// Runs `f`, which moves `bytes`, and returns its rate and this process's CPU time per GiB.
+fn measure(bytes: u64, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Sample> {
+    let cpu0 = ferrio::sys::process_cpu_seconds();
+    let t0 = Instant::now();
+    f()?;
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = ferrio::sys::process_cpu_seconds() - cpu0;
+    Ok(Sample {
+        gib_per_s: gibps(bytes, secs),
+        cpu_s_per_gib: cpu / gib(bytes),
+    })
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes.max(1) as f64 / (1u64 << 30) as f64
+}
+
+fn read_all(f: &ferrio::File, buf: &mut [u8]) -> anyhow::Result<()> {
+    let n = f.read_at(buf, 0)?;
+    if n != buf.len() {
+        bail!(
+            "{}: read {n} of {} bytes (file changed during the benchmark?)",
+            f.path().display(),
+            buf.len()
+        );
+    }
+    Ok(())
+}
+
+/// Brings the whole file into the page cache with buffered reads.
+fn warm(path: &Path) -> anyhow::Result<()> {
+    let f = ferrio::File::options()
+        .direct_read(ferrio::DirectMode::Off)
+        .open(path, "r")?;
+    let mut buf = vec![0u8; 64 << 20];
+    let mut off = 0;
+    loop {
+        let n = f.read_at(&mut buf, off)?;
+        if n == 0 {
+            return Ok(());
+        }
+        off += n as u64;
+    }
+}
+
+/// CPU seconds used by waited-for children so far.
+fn children_cpu() -> f64 {
+    ferrio::sys::children_cpu_seconds()
+}
+
+/// One fio sequential read of the whole file: io_uring, bs 1 MiB, iodepth 32.
+fn fio(path: &Path, size: u64, direct: bool, hot: bool) -> anyhow::Result<Sample> {
+    let cpu0 = children_cpu();
+    let mut cmd = Command::new("fio");
+    cmd.args([
+        "--name=ferrio-compare",
+        "--rw=read",
+        "--bs=1M",
+        "--iodepth=32",
+        "--ioengine=io_uring",
+        "--output-format=json",
+    ])
+    .arg(format!("--filename={}", path.display()))
+    .arg(format!("--size={size}"))
+    .arg(format!("--direct={}", u8::from(direct)))
+    // fio drops the file's cache itself unless told not to; hot runs must keep it.
+    .arg(format!("--invalidate={}", u8::from(!hot)));
+    let output = cmd.stderr(Stdio::piped()).output().context("running fio")?;
+    if !output.status.success() {
+        bail!(
+            "fio failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let v: Value = serde_json::from_slice(&output.stdout).context("parsing fio's JSON output")?;
+    let bw = v["jobs"][0]["read"]["bw_bytes"]
+        .as_f64()
+        .context("fio output has no read bw_bytes")?;
+    let cpu = children_cpu() - cpu0;
+    Ok(Sample {
+        gib_per_s: bw / (1u64 << 30) as f64,
+        cpu_s_per_gib: cpu / gib(size),
+    })
+}
+
+/// One dd read of the whole file with 16 MiB blocks.
+fn dd(path: &Path, size: u64, direct: bool) -> anyhow::Result<Sample> {
+    let cpu0 = children_cpu();
+    let mut cmd = Command::new("dd");
+    cmd.arg(format!("if={}", path.display()))
+        .args(["of=/dev/null", "bs=16M", "status=none"]);
+    if direct {
+        cmd.arg("iflag=direct");
+    }
+    let t0 = Instant::now();
+    let output = cmd.stderr(Stdio::piped()).output().context("running dd")?;
+    let secs = t0.elapsed().as_secs_f64();
+    if !output.status.success() {
+        bail!(
+            "dd failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let cpu = children_cpu() - cpu0;
+    Ok(Sample {
+        gib_per_s: gibps(size, secs),
+        cpu_s_per_gib: cpu / gib(size),
+    })
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| p.is_file())
+}
+
+fn check_space(dir: &Path, size: u64) -> anyhow::Result<()> {
+    if let Some(free) = ferrio::sys::free_bytes(dir) {
+        if free < size + (64 << 20) {
+            bail!(UsageError(format!(
+                "{} has {} free; the benchmark needs {} (use --dir or --size)",
+                dir.display(),
+                ferrio::config::format_size(free),
+                ferrio::config::format_size(size + (64 << 20))
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn describe(f: &ferrio::File) -> String {
+    format!("direct I/O {}; pool {}", f.direct_support(), f.pool().key())
+}
+
+fn settings_json(s: &ferrio::Settings) -> Value {
+    let m: serde_json::Map<String, Value> = ferrio::config::SETTINGS
+        .iter()
+        .filter_map(|i| Some((i.name.to_string(), json!(s.get(i.name).ok()?))))
+        .collect();
+    Value::Object(m)
+}
+
+fn settings_line(s: &ferrio::Settings) -> String {
+    ferrio::config::SETTINGS
+        .iter()
+        .filter_map(|i| Some(format!("{}={}", i.name, s.get(i.name).ok()?)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}

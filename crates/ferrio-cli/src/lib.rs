@@ -1,0 +1,228 @@
+//! The `ferrio` command line, as a library so that the Python package can ship the same program
+//! as its console script ([`run`]).
+//!
+//! Exit status: 0 on success (also when stdout is a closed pipe), 2 on bad usage or input
+//! (unknown flags, bad sizes, missing files, bad `FERRIO_*` values), 1 when I/O fails, 130 after
+//! Ctrl-C. Errors are one line on stderr, never a panic or a backtrace.
+
+mod bench;
+mod info;
+mod progress;
+mod read;
+mod write;
+
+use std::ffi::OsString;
+use std::io::{ErrorKind, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use clap::{Parser, Subcommand};
+
+/// Moves file bytes into and out of host and GPU memory at the hardware's limit.
+#[derive(Parser, Debug)]
+#[command(name = "ferrio", version, about, max_term_width = 100)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Read files in parallel into host memory and report the rate.
+    Read(read::Args),
+    /// Write generated data to a file and report the rate.
+    Write(write::Args),
+    /// Measure write, cold read and hot read on a temporary file (the main job).
+    Bench(bench::Args),
+    /// Show what ferrio knows about a file: file system, device, direct I/O, page cache.
+    Info(info::Args),
+}
+
+/// A user mistake (exit status 2) rather than an I/O failure (exit status 1).
+#[derive(Debug)]
+pub(crate) struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// The user pressed Ctrl-C (exit status 130).
+#[derive(Debug)]
+pub(crate) struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether Ctrl-C was pressed; long loops check this between steps and clean up.
+pub(crate) fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+/// Fails with [`Interrupted`] if Ctrl-C was pressed.
+pub(crate) fn check_interrupt() -> anyhow::Result<()> {
+    if interrupted() {
+        Err(Interrupted.into())
+    } else {
+        Ok(())
+    }
+}
+
+/// Runs the command line with `args` (the program name first) and returns the exit status.
+pub fn run(args: Vec<OsString>) -> i32 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = e.exit_code();
+            let _ = e.print();
+            return code;
+        }
+    };
+    if let Some(err) = ferrio::Settings::env_error() {
+        eprintln!("ferrio: {err}");
+        return 2;
+    }
+    // A second handler in one process (the Python console script run twice) is refused; the
+    // first one still sets the same flag.
+    let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::Relaxed));
+    let result = match cli.command {
+        Command::Read(a) => read::run(a),
+        Command::Write(a) => write::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Info(a) => info::run(a),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => report(&e),
+    }
+}
+
+fn report(e: &anyhow::Error) -> i32 {
+    if e.downcast_ref::<Interrupted>().is_some() {
+        eprintln!("ferrio: interrupted");
+        return 130;
+    }
+    if let Some(io) = e.downcast_ref::<std::io::Error>() {
+        if io.kind() == ErrorKind::BrokenPipe {
+            return 0;
+        }
+    }
+    eprintln!("ferrio: {}", one_line(e));
+    if e.downcast_ref::<UsageError>().is_some() {
+        return 2;
+    }
+    match e.downcast_ref::<ferrio::Error>() {
+        Some(ferrio::Error::InvalidArgument(_) | ferrio::Error::InvalidSetting { .. }) => 2,
+        Some(ferrio::Error::Open { source, .. })
+            if matches!(
+                source.kind(),
+                ErrorKind::NotFound | ErrorKind::PermissionDenied
+            ) || source.raw_os_error() == Some(libc::EISDIR) =>
+        {
+            2
+        }
+        _ => 1,
+    }
+}
+
+/// The error and its causes on one line, skipping a cause whose text the message already holds
+/// (ferrio's errors include their OS error).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !msg.contains(&text) {
+            if !msg.is_empty() {
+                msg.push_str(": ");
+            }
+            msg.push_str(&text);
+        }
+    }
+    msg
+}
+
+/// Parses a human size for clap (`4KiB`, `16M`, `2GiB`, `4194304`).
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
+    ferrio::config::parse_size(s)
+        .ok_or_else(|| format!("{s:?} is not a size: use e.g. 4194304, 4KiB, 16M, 2GiB"))
+}
+
+/// Parses `off`/`on`/`auto`.
+pub(crate) fn parse_direct(s: &str) -> Result<ferrio::DirectMode, String> {
+    s.parse()
+        .map_err(|_| format!("{s:?} is not one of {}", ferrio::DirectMode::FORMS))
+}
+
+/// Prints a line to stdout, turning a closed pipe into an error [`report`] treats as success.
+pub(crate) fn out(line: &str) -> anyhow::Result<()> {
+    let mut o = std::io::stdout().lock();
+    writeln!(o, "{line}")?;
+    Ok(())
+}
+
+/// Settings overrides shared by the commands that do I/O.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct IoFlags {
+    /// O_DIRECT for reads: off, on or auto [default: FERRIO_DIRECT_READ, else auto]
+    #[arg(long, value_parser = parse_direct)]
+    direct_read: Option<ferrio::DirectMode>,
+    /// O_DIRECT for writes: off, on or auto [default: FERRIO_DIRECT_WRITE, else off]
+    #[arg(long, value_parser = parse_direct)]
+    direct_write: Option<ferrio::DirectMode>,
+    /// Bytes per task, e.g. 4MiB [default: FERRIO_TASK_SIZE, else 4MiB]
+    #[arg(long, value_parser = parse_size)]
+    task_size: Option<u64>,
+    /// Worker threads per device pool [default: FERRIO_THREADS_PER_DEVICE, else by device]
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print one JSON object instead of human output
+    #[arg(long)]
+    json: bool,
+}
+
+impl IoFlags {
+    /// The process settings with these flags applied.
+    fn settings(&self) -> ferrio::Settings {
+        let mut s = ferrio::Settings::global();
+        if let Some(v) = self.direct_read {
+            s.direct_read = v;
+        }
+        if let Some(v) = self.direct_write {
+            s.direct_write = v;
+        }
+        if let Some(v) = self.task_size {
+            s.task_size = v.max(1);
+        }
+        if let Some(v) = self.threads {
+            s.threads_per_device = v;
+        }
+        s
+    }
+}
+
+/// A path that must exist, checked before any work starts.
+pub(crate) fn existing(path: &PathBuf) -> anyhow::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(UsageError(format!("{}: {e}", path.display())).into()),
+    }
+}
+
+/// GiB/s for `bytes` in `secs`.
+pub(crate) fn gibps(bytes: u64, secs: f64) -> f64 {
+    if secs <= 0.0 {
+        0.0
+    } else {
+        bytes as f64 / secs / (1u64 << 30) as f64
+    }
+}

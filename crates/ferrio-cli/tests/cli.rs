@@ -1,0 +1,170 @@
+//! The `ferrio` binary as a user runs it: exit codes, one-line errors, JSON, cleanup.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn ferrio() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferrio"))
+}
+
+fn run(args: &[&str]) -> Output {
+    ferrio().args(args).output().expect("run ferrio")
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir")
+}
+
+fn assert_one_line_error(o: &Output, code: i32, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "stderr: {err}");
+    assert!(err.contains(needle), "stderr lacks {needle:?}: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "{err}"
+    );
+}
+
+#[test]
+fn help_and_version_succeed() {
+    assert!(run(&["--help"]).status.success());
+    assert!(run(&["--version"]).status.success());
+    let o = run(&["bench", "--help"]);
+    let help = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        help.contains("--compare") && help.contains("--size"),
+        "{help}"
+    );
+}
+
+#[test]
+fn bad_usage_exits_2() {
+    assert_eq!(run(&["--no-such-flag"]).status.code(), Some(2));
+    assert_eq!(run(&["read"]).status.code(), Some(2), "read needs a path");
+    let o = run(&["write", "/tmp/never", "--size", "12Q"]);
+    assert_one_line_error(&o, 2, "not a size");
+    let o = run(&["read", "/no/such/file"]);
+    assert_one_line_error(&o, 2, "/no/such/file");
+    let d = tmp();
+    let o = run(&["read", d.path().to_str().unwrap()]);
+    assert_one_line_error(&o, 2, "Is a directory");
+}
+
+#[test]
+fn bad_environment_value_names_the_variable() {
+    let d = tmp();
+    let o = ferrio()
+        .env("FERRIO_TASK_SIZE", "lots")
+        .args(["info", d.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, 2, "FERRIO_TASK_SIZE");
+}
+
+#[test]
+fn write_then_read_and_info_as_json() {
+    let d = tmp();
+    let f = d.path().join("data bin");
+    let fs = f.to_str().unwrap();
+    let o = run(&["write", fs, "--size", "3MiB", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 3 << 20);
+    let o = run(&["read", fs, "--cold", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["bytes"], 3 << 20);
+    assert!(v["gib_per_s"].as_f64().unwrap() > 0.0);
+    let o = run(&["info", fs, "--json"]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["size"], 3 << 20);
+    assert!(v["fs_type"].as_str().is_some_and(|s| !s.is_empty()));
+    assert!(v["pool"]["key"].as_str().is_some());
+    assert!(v["direct_io"]["available"].is_boolean());
+    let o = run(&["info", fs]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("chain:") && text.contains("direct I/O:"),
+        "{text}"
+    );
+}
+
+fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn bench_reports_and_cleans_up() {
+    let d = tmp();
+    let o = run(&[
+        "bench",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--size",
+        "8MiB",
+        "--rounds",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for row in ["ferrio write (synced)", "ferrio cold", "ferrio hot"] {
+        let r = &v["results"][row];
+        assert!(r["gib_per_s"].as_f64().unwrap() > 0.0, "{row}: {r}");
+        assert!(r["cpu_seconds_per_gib"].as_f64().is_some(), "{row}: {r}");
+        assert_eq!(r["rounds"].as_array().unwrap().len(), 2);
+    }
+    assert_eq!(v["settings"]["task_size"], "4194304");
+    assert!(
+        leftovers(d.path()).is_empty(),
+        "bench left {:?}",
+        leftovers(d.path())
+    );
+    // Not enough space is a usage error, before any file is made.
+    let o = run(&[
+        "bench",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--size",
+        "1000000GiB",
+    ]);
+    assert_one_line_error(&o, 2, "free");
+}
+
+#[test]
+fn ctrl_c_during_bench_removes_its_files() {
+    let d = tmp();
+    let mut child = ferrio()
+        .args([
+            "bench",
+            "--dir",
+            d.path().to_str().unwrap(),
+            "--size",
+            "1GiB",
+            "--rounds",
+            "50",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the benchmark has made its directory, then interrupt it.
+    let t0 = Instant::now();
+    while leftovers(d.path()).is_empty() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        leftovers(d.path()).is_empty(),
+        "left {:?}",
+        leftovers(d.path())
+    );
+}

@@ -1,0 +1,126 @@
+//! A stream-ordered pool memory resource for device, pinned and host memory, built for many
+//! threads and many streams at once.
+//!
+//! It owns: the free lists, the chunk table, the per-thread caches and the event strategy.
+//! It may not touch: the CUDA driver directly. Streams and events come in through the
+//! [`StreamOrder`] trait (emulated in [`emulated`] for CI; the real implementation goes in
+//! `memory/cuda.rs`), memory through the [`Upstream`] trait.
+//!
+//! # Semantics
+//!
+//! [`PoolResource::allocate`] and [`PoolResource::deallocate`] take a stream. A block freed
+//! on stream S can be handed out on S at once, because S runs its work in order. Handed to
+//! another stream T, it is safe only once T is ordered after S's work up to the free: the
+//! pool then records an event on S (if the last one does not cover the free yet), asks
+//! whether it has completed (`cuEventQuery`), and if not makes T wait for it on the device
+//! (`cuStreamWaitEvent`). The host never blocks on the GPU.
+//!
+//! # Design: nothing shared on the fast path
+//!
+//! RMM's `pool_memory_resource` keeps a free list per stream but guards all of them, the
+//! growth and the event bookkeeping with one mutex; with 32 streams each allocate/free spent
+//! over a millisecond waiting for it (rapidsai/rmm#1887). Here:
+//!
+//! - **One free list per stream, each with its own lock** (`StreamList`). Blocks are
+//!   indexed by `(size, addr)` for best fit and by `addr` for merging with neighbours, and
+//!   only neighbours from the same upstream chunk merge, so chunks stay separable.
+//! - **A read-mostly map** `RwLock<HashMap<StreamId, Arc<StreamList>>>` from stream to list,
+//!   written only when a stream is first seen or a detached stream's list runs empty.
+//! - **A per-thread cache** of `StreamId → Weak<StreamList>` and of the chunk table: a thread
+//!   allocating and freeing on its own streams takes its list's lock and nothing else (the
+//!   chunk table snapshot is checked with one atomic load). Lists are 128-byte aligned so two
+//!   streams' locks never share a cache line.
+//! - **No shared counter on the fast path.** Each list keeps its own in-use bytes; a list adds
+//!   its change to the pool-wide total (and checks the peak) only once it reaches 1 MiB either
+//!   way. `stats().in_use_bytes` sums the lists (exact when no call is under way);
+//!   `peak_in_use_bytes` is within 1 MiB per stream of the true peak. Measured on 16 cores,
+//!   a single pool-wide `fetch_add` per call capped 16 threads × 16 streams at 7 M
+//!   allocations/s; without it they reach 40 M/s.
+//! - **Streams are keyed by [`StreamId`]**, a process-unique number the stream implementation
+//!   assigns at creation or registration, never by the raw `CUstream` (which the driver reuses
+//!   after a stream is destroyed). [`PoolResource::detach_stream`] releases a stream's handle
+//!   before it is destroyed.
+//! - **When the own list has no fit**: steal *one* block from another stream, first one
+//!   already safe for everyone (fresh memory, or its stream's event has completed: no driver
+//!   call, or one `cuEventQuery`), else any, with a device wait; what is left of the stolen
+//!   block stays with the thief. Then grow from the upstream; only then gather every list into
+//!   the own list and coalesce, and if that still does not fit, return
+//!   [`Error::OutOfMemory`](crate::Error::OutOfMemory).
+//! - **Growth** reserves the bytes against the limit with a compare-and-swap, then calls the
+//!   upstream holding only the grow lock, which serializes growers: a thread that waited on it
+//!   looks again at the free lists when someone else grew meanwhile, so threads that miss at
+//!   the same moment take one chunk, not one each.
+//!
+//! # Lock order
+//!
+//! 0. the grow lock (`Mutex<()>`), then
+//! 1. the stream map (`RwLock`), then
+//! 2. one stream's list (`Mutex`), then
+//! 3. the chunk table (`RwLock`).
+//!
+//! No two list locks are ever held at once (a steal locks one victim at a time and the
+//! thief's own list only after letting the victim go); the map is held with a list only when
+//! a drained, detached list is removed; the chunk table is written only by a grower and read
+//! only to refresh a thread's snapshot. The grow lock is the one lock held across an upstream
+//! call (`cuMemAlloc` may block for hundreds of microseconds): only threads that would
+//! otherwise call the upstream themselves wait on it, never the fast path. The only driver
+//! calls made under a list lock are `cuEventRecord`, `cuEventQuery` and `cuStreamWaitEvent`,
+//! under the *victim's* list lock during a steal (and `cuEventRecord` under the own list lock
+//! when the policy records on free): all three enqueue or inspect and return without waiting
+//! for the GPU, and holding the lock keeps another thread from re-recording the event between
+//! the check of what it covers and the wait on it. Thread-local caches are never borrowed
+//! across a call out of the pool.
+//!
+//! # Events
+//!
+//! Each stream's list owns one event, made when the list is and recorded again whenever a
+//! steal needs it to cover newer frees. [`EventPolicy`] chooses when to record:
+//! [`OnSteal`](EventPolicy::OnSteal) (the default), [`EveryFree`](EventPolicy::EveryFree)
+//! (RMM's choice) or [`EveryNthFree`](EventPolicy::EveryNthFree).
+//!
+//! Every free stamps its block with the list's free counter; the event's last record covers
+//! the blocks stamped before it. A steal takes a block the last record covers once that
+//! record has completed (no wait), else records if needed and makes the thief wait on the
+//! device. **The default, `OnSteal`, makes no driver call on the free path at all**, because:
+//!
+//! - Driver calls are not cheap under threads. Measured on an H200 (driver 580, CUDA 13,
+//!   `benchmarks/memory_pool/event_cost.c`), one call's cost with 1 / 4 / 16 threads calling
+//!   at once: `cuEventRecord` 0.14 / 0.87 / 3.7 µs, `cuEventQuery` 0.13 / 1.1 / 5.8 µs
+//!   (up to 14 µs on busy streams), `cuStreamWaitEvent` 0.10 / 1.0 / 3.0 µs. A pool
+//!   allocate + free pair costs 0.25–0.4 µs per thread (`examples/pool_contention.rs`), so
+//!   recording on every free (RMM's choice) would double the cost of a free with one thread
+//!   and make it ten times dearer or more with sixteen.
+//! - Steals are rare. In the benchmark's workloads (16 cores), steals per 1000 allocations
+//!   were 0.04–0.3 with a stream per thread, 0.1–2.5 with threads rotating over streams, and
+//!   even with every block freed on a "sink" stream no one allocates on (every allocation
+//!   must come from another stream) `OnSteal` recorded 0.7–9 events per 1000 allocations,
+//!   because one record covers every block freed before it.
+//! - With each emulated call costing 3 µs (the 16-thread driver cost), `EveryFree` fell to
+//!   0.53 / 1.8 M allocations/s (4 / 16 threads, rotating) against 2.1 / 4.2 M for `OnSteal`,
+//!   and to 0.12 M against 0.42–0.44 M in the sink workload. `EveryNthFree(16)` came out
+//!   between (1.7 / 5.2 M rotating, 0.29–0.42 M sink).
+//!
+//! The price of recording late is that a late record also covers work enqueued after the
+//! free, so a thief may wait on the device longer than it had to. No workload above produced
+//! such waits, but if profiles show them, `EveryNthFree` records closer to the free at
+//! 1/N of the per-free cost.
+//!
+//! Events are destroyed only when the pool drops a list (pool drop, or a detached stream's
+//! list running empty); per-thread caches hold weak references only, so no event or memory is
+//! ever released from a thread-local or static destructor at process exit.
+
+mod blocks;
+mod cuda;
+pub mod emulated;
+mod local;
+mod order;
+mod pool;
+mod upstream;
+
+#[cfg(test)]
+mod tests;
+
+pub use emulated::{EmulatedCalls, EmulatedEvent, EmulatedOp, EmulatedStream, EmulatedStreams};
+pub use order::{StreamId, StreamOrder};
+pub use pool::{Block, EventPolicy, PoolOptions, PoolResource, PoolStats, StreamStats};
+pub use upstream::{HostUpstream, MemoryKind, Upstream};

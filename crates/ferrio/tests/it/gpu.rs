@@ -1,0 +1,116 @@
+//! Reads into and writes from GPU memory through `File`. Skipped (with the reason) without a
+//! CUDA driver; run for real on the GPU machine (`make gpu-test`).
+
+use ferrio::cuda::{self, DeviceBuffer};
+use ferrio::{DirectMode, File};
+
+use super::common::{data, disk_dir, make_file, settings, POISON};
+
+fn gpu() -> bool {
+    match cuda::available() {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            false
+        }
+    }
+}
+
+#[test]
+fn file_to_gpu_and_back_at_random_offsets() {
+    if !gpu() {
+        return;
+    }
+    let dir = disk_dir();
+    let len = (40 << 20) + 4099;
+    let content = data(len, 21);
+    let path = make_file(dir.path(), "f", &content);
+    for (policy, overread) in [
+        (DirectMode::Off, false),
+        (DirectMode::On, false),
+        (DirectMode::Auto, true),
+    ] {
+        let f = File::options()
+            .settings(settings(policy, overread, 1 << 20))
+            .open(&path, "r+")
+            .unwrap();
+        let dev = DeviceBuffer::new(0, len + 8192, false).unwrap();
+        let mut seed = 7u64;
+        for round in 0..12 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let offset = (seed >> 20) % len as u64;
+            let size = ((seed >> 8) as usize % (len - offset as usize + 5000)).max(1);
+            let dev_off = (seed as usize >> 3) % 4096;
+            dev.copy_from_host(0, &vec![POISON; len + 8192]).unwrap();
+            // SAFETY: `dev` outlives the waited-on future and nothing else touches it.
+            let fut =
+                unsafe { f.pread_device(dev.ptr().checked_add(dev_off).unwrap(), size, offset) };
+            let n = fut.wait().unwrap();
+            let want = &content[offset as usize..(offset as usize + size).min(len)];
+            assert_eq!(n, want.len(), "{policy} round {round}");
+            let mut host = vec![0u8; len + 8192];
+            dev.copy_to_host(0, &mut host).unwrap();
+            assert!(
+                host[dev_off..dev_off + n] == *want,
+                "{policy} round {round}: wrong bytes"
+            );
+            assert!(
+                host[..dev_off].iter().all(|&b| b == POISON),
+                "wrote before the range"
+            );
+            assert!(
+                host[dev_off + n..].iter().all(|&b| b == POISON),
+                "wrote past the range"
+            );
+        }
+        // Device -> file: write a patch from GPU memory, compare the whole file.
+        let patch = data(9 << 20, 22);
+        dev.copy_from_host(100, &patch).unwrap();
+        // SAFETY: `dev` outlives the waited-on future and is not written meanwhile.
+        let fut =
+            unsafe { f.pwrite_device(dev.ptr().checked_add(100).unwrap(), patch.len(), 12345) };
+        assert_eq!(fut.wait().unwrap(), patch.len());
+        let on_disk = std::fs::read(&path).unwrap();
+        assert!(
+            on_disk[12345..12345 + patch.len()] == patch[..],
+            "{policy}: device write"
+        );
+        assert!(on_disk[..12345] == content[..12345]);
+        std::fs::write(&path, &content).unwrap();
+    }
+}
+
+#[test]
+fn host_memory_is_refused_by_the_device_calls() {
+    if !gpu() {
+        return;
+    }
+    let dir = disk_dir();
+    let path = make_file(dir.path(), "f", &data(4096, 1));
+    let f = File::open(&path, "r").unwrap();
+    let host = vec![0u8; 4096];
+    // SAFETY: the call fails before touching the memory (it is not device memory).
+    let e = unsafe { f.pread_device(cuda::DevicePtr(host.as_ptr() as u64), 4096, 0) }
+        .wait()
+        .unwrap_err();
+    assert!(e.to_string().contains("not GPU memory"), "{e}");
+}
+
+#[test]
+fn without_a_driver_device_calls_say_why() {
+    if cuda::available().is_ok() {
+        eprintln!("skipped: a CUDA driver is present");
+        return;
+    }
+    let dir = disk_dir();
+    let path = make_file(dir.path(), "f", &data(4096, 1));
+    let f = File::open(&path, "r").unwrap();
+    // SAFETY: the call fails before touching any memory (no driver).
+    let e = unsafe { f.pread_device(cuda::DevicePtr(0x1000), 4096, 0) }
+        .wait()
+        .unwrap_err();
+    assert!(matches!(e, ferrio::Error::CudaUnavailable { .. }), "{e}");
+    assert!(e.to_string().contains("CUDA is not available"), "{e}");
+}
