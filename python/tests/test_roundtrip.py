@@ -180,3 +180,26 @@ def test_repr_and_properties(data_file: tuple[Path, np.ndarray]) -> None:
     f.close()
     f.close()
     assert f.closed and "closed" in repr(f)
+
+
+def test_the_buffer_is_held_until_the_io_is_done(big_file: tuple[Path, np.ndarray]) -> None:
+    path, data = big_file
+    with ferrio.open(path, task_size="64KiB", direct_read="off") as f:
+        buf = bytearray(len(data))
+        fut = f.pread(buf)
+        if not fut.done():
+            with pytest.raises(BufferError):
+                buf.append(0)  # the export held by the future forbids resizing
+        assert fut.result() == len(data)
+        buf.append(0)  # released once the future is seen done
+        assert buf[: len(data)] == data.tobytes()
+
+
+def test_dropping_an_unfinished_future_waits_for_it(big_file: tuple[Path, np.ndarray]) -> None:
+    path, data = big_file
+    with ferrio.open(path, task_size="64KiB", direct_read="off") as f:
+        buf = bytearray(len(data))
+        fut = f.pread(buf)
+        del fut  # the read goes on to its end before the buffer is let go
+        buf.append(0)
+        assert buf[: len(data)] == data.tobytes()
