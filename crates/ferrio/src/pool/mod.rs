@@ -227,25 +227,39 @@ impl DevicePool {
     fn work(self: Arc<Self>) {
         let mut worker = Worker::new();
         loop {
-            let (job, index) = {
+            let (job, claimed) = {
                 let mut q = self.lock();
                 loop {
                     if let Some(job) = q.pop_front() {
+                        let n = job.tasks.len();
+                        if job.completion.is_cancelled() {
+                            // Claim every task left at once: a cancelled job must not wait its
+                            // turn behind the other jobs once per task to be skipped.
+                            let first = job.next.swap(n, Ordering::Relaxed);
+                            if first < n {
+                                break (job, first..n);
+                            }
+                            continue;
+                        }
                         let index = job.next.fetch_add(1, Ordering::Relaxed);
-                        if index + 1 < job.tasks.len() {
+                        if index + 1 < n {
                             // Round-robin: the job waits behind the others for its next task.
                             q.push_back(Arc::clone(&job));
                         }
-                        if index < job.tasks.len() {
-                            break (job, index);
+                        if index < n {
+                            break (job, index..index + 1);
                         }
                         continue;
                     }
                     q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
             };
-            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
-            self.run_task(&mut worker, &job, index);
+            self.counters
+                .queued
+                .fetch_sub(claimed.len() as u64, Ordering::Relaxed);
+            for index in claimed {
+                self.run_task(&mut worker, &job, index);
+            }
         }
     }
 

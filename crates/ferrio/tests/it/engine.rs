@@ -184,6 +184,49 @@ fn futures_wait_poll_timeout_callback_and_wait_all() {
 }
 
 #[test]
+fn a_cancelled_request_does_not_wait_its_turn_behind_other_requests() {
+    // A file system of its own (tmpfs) gives a pool of its own, here of one thread, so the order
+    // in which tasks run is deterministic and no other test shares the pool.
+    let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("skipped: no /dev/shm for a pool of its own");
+        return;
+    };
+    let content = data(4 << 20, 9);
+    let path = make_file(dir.path(), "f", &content);
+    let mut s = settings(DirectMode::Off, false, 4096);
+    s.threads_per_device = 1;
+    let f = File::options().settings(s).open(&path, "r").unwrap();
+    // 64 requests of 1024 tasks each share the pool round-robin with `mine`.
+    let load: Arc<Vec<_>> = Arc::new((0..64).map(|_| f.pread(vec![0u8; 4 << 20], 0)).collect());
+    let mine = f.pread(vec![0u8; 4 << 20], 0);
+    mine.cancel();
+    let at_cancel: u64 = load.iter().map(|l| l.bytes()).sum();
+    // How far the load got when `mine` resolved, measured on the worker that resolved it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let observed = Arc::clone(&load);
+    mine.on_done(move |_| {
+        let done: u64 = observed.iter().map(|l| l.bytes()).sum();
+        let _ = tx.send(done);
+    });
+    let (result, _) = mine.into_buffer();
+    let load_done = rx.recv().unwrap() - at_cancel;
+    let load_total = 64u64 * (4 << 20);
+    assert!(
+        matches!(result, Err(ferrio::Error::Cancelled)),
+        "{result:?}"
+    );
+    // Skipping its tasks one turn at a time would let all but the last round of the load run
+    // first; claimed at once, it resolves within the first two rounds.
+    assert!(
+        load_done < load_total / 10,
+        "{load_done} of {load_total} load bytes ran between the cancel and its resolution"
+    );
+    for l in load.iter() {
+        while !l.wait_timeout(Duration::from_secs(1)) {}
+    }
+}
+
+#[test]
 fn dropping_a_future_waits_for_its_tasks() {
     let dir = disk_dir();
     let content = data(8 << 20, 5);

@@ -1,0 +1,46 @@
+//! `ferrio._native`: the Python bindings of ferrio, re-exported by the `ferrio` package.
+//!
+//! One file per Python class (`file.rs`: `File`, `future.rs`: `IOFuture`, `pagecache.rs`:
+//! `Residency`), plus buffer validation (`buffer.rs`), the exception mapping (`errors.rs`),
+//! settings (`config.rs`), the console script (`cli.rs`) and the one helper that releases the
+//! GIL (`gil.rs`).
+
+mod buffer;
+mod cli;
+mod config;
+mod errors;
+mod file;
+mod future;
+mod gil;
+mod pagecache;
+
+use pyo3::prelude::*;
+
+/// The native module. Its contents are documented in `python/ferrio/_native.pyi`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<file::File>()?;
+    m.add_class::<future::IOFuture>()?;
+    m.add_class::<pagecache::Residency>()?;
+    m.add("FerrioError", py.get_type::<errors::FerrioError>())?;
+    m.add("CancelledError", py.get_type::<errors::CancelledError>())?;
+    m.add(
+        "CudaUnavailableError",
+        py.get_type::<errors::CudaUnavailableError>(),
+    )?;
+    m.add("CudaError", py.get_type::<errors::CudaError>())?;
+    m.add_function(wrap_pyfunction!(file::open, m)?)?;
+    m.add_function(wrap_pyfunction!(future::wait, m)?)?;
+    m.add_function(wrap_pyfunction!(pagecache::residency, m)?)?;
+    m.add_function(wrap_pyfunction!(pagecache::drop_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(pagecache::drop_system_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(config::config_get, m)?)?;
+    m.add_function(wrap_pyfunction!(config::config_set, m)?)?;
+    m.add_function(wrap_pyfunction!(config::config_settings, m)?)?;
+    m.add_function(wrap_pyfunction!(config::config_describe, m)?)?;
+    m.add_function(wrap_pyfunction!(config::env_error, m)?)?;
+    m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,69 @@
+"""ferrio: move file bytes into and out of host (and, later, GPU) memory fast.
+
+Reads and writes are split into tasks that run in parallel on a worker pool per block device,
+with the GIL released; cold data bypasses the page cache with O_DIRECT. Any writable buffer
+works as a destination: numpy arrays of any dtype and shape, bytearray, memoryview, mmap.
+
+>>> import numpy as np, ferrio
+>>> with ferrio.open("weights.bin") as f:            # doctest: +SKIP
+...     arr = np.empty(f.size, dtype=np.uint8)
+...     n = f.read(arr)                               # parallel, blocking
+...     fut = f.pread(arr, size=4096, offset=0)       # returns at once; fut.result() or await
+
+Settings (task size, O_DIRECT policy, threads) live in `ferrio.config`; each has a
+``FERRIO_*`` environment variable.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ferrio import config
+from ferrio._convenience import fromfile
+from ferrio._native import (
+    CancelledError,
+    CudaError,
+    CudaUnavailableError,
+    FerrioError,
+    File,
+    IOFuture,
+    Residency,
+    __version__,
+    drop_cache,
+    drop_system_cache,
+    open,
+    residency,
+    wait,
+)
+
+__all__ = [
+    "CancelledError",
+    "CudaError",
+    "CudaUnavailableError",
+    "FerrioError",
+    "File",
+    "IOFuture",
+    "Residency",
+    "__version__",
+    "config",
+    "drop_cache",
+    "drop_system_cache",
+    "fromfile",
+    "open",
+    "residency",
+    "wait",
+]
+
+
+def _warn_about_environment() -> None:
+    """Warn once if a ``FERRIO_*`` variable held a bad value (the defaults are in force)."""
+    problem = config.environment_error()
+    if problem is not None:
+        warnings.warn(
+            f"ferrio: ignoring the FERRIO_* environment, defaults in force: {problem}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+_warn_about_environment()

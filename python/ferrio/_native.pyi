@@ -1,0 +1,172 @@
+"""Type stubs of ferrio's native module (``ferrio._native``), checked by ``mypy.stubtest``."""
+
+import os
+import types
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Self, final
+
+__all__ = [
+    "CancelledError",
+    "CudaError",
+    "CudaUnavailableError",
+    "FerrioError",
+    "File",
+    "IOFuture",
+    "Residency",
+    "__version__",
+    "cli_main",
+    "config_describe",
+    "config_get",
+    "config_set",
+    "config_settings",
+    "drop_cache",
+    "drop_system_cache",
+    "env_error",
+    "open",
+    "residency",
+    "wait",
+]
+
+__version__: str
+
+_Path = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+_Setting = int | bool | str
+# Any object with the buffer protocol: numpy arrays, bytearray, memoryview, mmap. Spelled Any,
+# not collections.abc.Buffer, because numpy's stubs declare ndarray.__buffer__ only for Python
+# 3.12 and later; a wrong object raises TypeError at run time.
+_Buffer = Any
+
+class FerrioError(Exception):
+    """Root of every ferrio error that is not an OSError or a ValueError."""
+
+class CancelledError(FerrioError):
+    """The operation was cancelled before it finished."""
+
+class CudaUnavailableError(FerrioError):
+    """A GPU array was given but CUDA cannot be used in this process."""
+
+class CudaError(FerrioError):
+    """A CUDA driver call failed."""
+
+@final
+class File:
+    """An open file whose reads and writes run in parallel with the GIL released."""
+
+    def __new__(
+        cls,
+        path: _Path,
+        mode: str = "r",
+        *,
+        task_size: _Setting | None = None,
+        direct_read: _Setting | None = None,
+        direct_write: _Setting | None = None,
+        direct_overread: _Setting | None = None,
+    ) -> File: ...
+    def read(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> int:
+        """Read into `buf` in parallel and wait; returns the bytes read."""
+    def write(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> int:
+        """Write from `buf` in parallel and wait; returns the bytes written."""
+    def pread(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> IOFuture:
+        """Start a read into `buf` and return its future at once."""
+    def pwrite(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> IOFuture:
+        """Start a write from `buf` and return its future at once."""
+    def sync(self) -> None:
+        """Flush written data to the device."""
+    def close(self) -> None:
+        """Close the file; later calls raise ValueError."""
+    @property
+    def closed(self) -> bool:
+        """Whether the file is closed."""
+    def fileno(self) -> int:
+        """Return the file descriptor."""
+    @property
+    def path(self) -> str:
+        """The path the file was opened with."""
+    @property
+    def mode(self) -> str:
+        """The mode the file was opened with."""
+    @property
+    def size(self) -> int:
+        """The file's current size in bytes."""
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+        /,
+    ) -> bool: ...
+
+@final
+class IOFuture:
+    """The handle of a parallel read or write; awaitable."""
+
+    def result(self, timeout: float | None = None) -> int:
+        """Wait and return the bytes moved, or raise the operation's exception."""
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait and return the operation's exception, or None."""
+    def done(self) -> bool:
+        """Whether the operation has finished."""
+    def cancel(self) -> bool:
+        """Cancel the parts not yet started; False if already finished."""
+    def add_done_callback(self, fn: Callable[[IOFuture], object], /) -> None:
+        """Call `fn(future)` once the operation has finished."""
+    def __await__(self) -> Generator[Any, None, int]: ...
+
+@final
+class Residency:
+    """How much of a file range is in the page cache."""
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of the range in the page cache."""
+    @property
+    def dirty_bytes(self) -> int:
+        """Cached bytes not yet written to the device."""
+    @property
+    def range_bytes(self) -> int:
+        """Bytes in the range, clipped to the file."""
+    @property
+    def share(self) -> float:
+        """Share of the range that is cached, 0.0 to 1.0."""
+
+def open(
+    path: _Path,
+    mode: str = "r",
+    *,
+    task_size: _Setting | None = None,
+    direct_read: _Setting | None = None,
+    direct_write: _Setting | None = None,
+    direct_overread: _Setting | None = None,
+) -> File:
+    """Open a file for parallel reads and writes."""
+
+def wait(futures: Sequence[IOFuture], timeout: float | None = None) -> list[int]:
+    """Wait for every future; return their byte counts in order."""
+
+def residency(path: _Path, offset: int = 0, size: int | None = None) -> Residency:
+    """Return the page-cache residency of a file range."""
+
+def drop_cache(path: _Path) -> None:
+    """Drop a file's pages from the page cache."""
+
+def drop_system_cache() -> None:
+    """Drop the whole system's clean page cache (needs root)."""
+
+def config_get(name: str) -> _Setting:
+    """Return the value of one process-wide setting."""
+
+def config_set(values: Sequence[tuple[str, _Setting]]) -> dict[str, _Setting]:
+    """Change settings, all or none; return the previous values."""
+
+def config_settings() -> dict[str, _Setting]:
+    """Return every setting by name."""
+
+def config_describe() -> list[tuple[str, str, str, str]]:
+    """Return (name, variable, unit, description) of every setting."""
+
+def env_error() -> str | None:
+    """Return the error in the FERRIO_* environment found at start-up, or None."""
+
+def cli_main(argv: Sequence[str]) -> int:
+    """Run the ferrio command line; return its exit code."""

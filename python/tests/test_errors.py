@@ -1,0 +1,224 @@
+"""Every bad input raises the right exception before any I/O; OS errors map to OSError kinds."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import is_root
+
+import ferrio
+
+
+@pytest.fixture
+def small_file(tmp_path: Path) -> Path:
+    path = tmp_path / "small.bin"
+    path.write_bytes(bytes(range(256)) * 64)
+    return path
+
+
+def untouched(buf: bytearray | np.ndarray) -> bool:
+    return bool((np.frombuffer(buf, dtype=np.uint8) == 0x5A).all())
+
+
+@pytest.mark.parametrize("method", ["read", "pread"])
+def test_read_into_read_only_buffers_is_refused(small_file: Path, method: str) -> None:
+    ro = np.full(100, 0x5A, dtype=np.uint8)
+    ro.flags.writeable = False
+    with ferrio.open(small_file) as f:
+        call = getattr(f, method)
+        with pytest.raises(ValueError, match="read-only"):
+            call(b"x" * 100)
+        with pytest.raises(ValueError, match="read-only"):
+            call(ro)
+        with pytest.raises(ValueError, match="read-only"):
+            call(memoryview(bytearray(10)).toreadonly())
+    assert untouched(ro)
+
+
+@pytest.mark.parametrize("method", ["read", "pread", "write", "pwrite"])
+def test_non_contiguous_buffers_are_refused(small_file: Path, method: str) -> None:
+    arr = np.full(200, 0x5A, dtype=np.uint8)
+    with ferrio.open(small_file, "r+") as f:
+        call = getattr(f, method)
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            call(arr[::2])
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            call(np.full((10, 10), 0x5A, dtype=np.uint8).T)
+    assert untouched(arr)
+    assert small_file.read_bytes() == bytes(range(256)) * 64
+
+
+@pytest.mark.parametrize("method", ["read", "pread", "write", "pwrite"])
+def test_sizes_and_offsets_are_checked(small_file: Path, method: str) -> None:
+    buf = bytearray(b"\x5a" * 100)
+    with ferrio.open(small_file, "r+") as f:
+        call = getattr(f, method)
+        with pytest.raises(ValueError, match="larger than the buffer"):
+            call(buf, size=101)
+        with pytest.raises(ValueError, match="at least 0"):
+            call(buf, size=-1)
+        with pytest.raises(ValueError, match="offset must be at least 0"):
+            call(buf, offset=-1)
+        with pytest.raises(TypeError, match="buffer protocol"):
+            call([1, 2, 3])
+        with pytest.raises(TypeError):
+            call("text")
+    assert untouched(buf)
+    assert small_file.read_bytes() == bytes(range(256)) * 64
+
+
+def test_closed_file_raises_value_error(small_file: Path) -> None:
+    f = ferrio.open(small_file)
+    f.close()
+    for call in (
+        lambda: f.read(bytearray(1)),
+        lambda: f.pread(bytearray(1)),
+        lambda: f.write(b"x"),
+        lambda: f.pwrite(b"x"),
+        f.fileno,
+        f.sync,
+        lambda: f.size,
+    ):
+        with pytest.raises(ValueError, match="I/O operation on closed file"):
+            call()
+    with ferrio.open(small_file) as g:
+        pass
+    assert g.closed
+
+
+def test_wrong_mode_raises_unsupported_operation(small_file: Path, tmp_path: Path) -> None:
+    buf = bytearray(b"\x5a" * 10)
+    with ferrio.open(small_file, "r") as f:
+        for call in (f.write, f.pwrite):
+            with pytest.raises(io.UnsupportedOperation, match="not open for writing"):
+                call(b"x")
+    with ferrio.open(tmp_path / "w.bin", "w") as f:
+        for call in (f.read, f.pread):
+            with pytest.raises(io.UnsupportedOperation, match="not open for reading"):
+                call(buf)
+    assert untouched(buf)
+    # io.UnsupportedOperation is both an OSError and a ValueError, like Python's own.
+    assert issubclass(io.UnsupportedOperation, ValueError)
+
+
+@pytest.mark.parametrize("mode", ["", "x", "rw", "r++", "wr", "t"])
+def test_bad_modes_raise_value_error(small_file: Path, mode: str) -> None:
+    with pytest.raises(ValueError, match="r, r\\+, w, w\\+, a, a\\+"):
+        ferrio.open(small_file, mode)
+
+
+def test_bad_options_raise_value_error(small_file: Path) -> None:
+    with pytest.raises(ValueError, match=r"task_size.*4MiB"):
+        ferrio.open(small_file, task_size="lots")
+    with pytest.raises(ValueError, match=r"direct_read.*off\|on\|auto"):
+        ferrio.open(small_file, direct_read="sometimes")
+    with pytest.raises(TypeError, match="int, a bool or a str"):
+        ferrio.open(small_file, task_size=1.5)  # type: ignore[arg-type]
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope" / "missing.bin"
+    with pytest.raises(FileNotFoundError) as e:
+        ferrio.open(missing)
+    assert e.value.errno == errno.ENOENT
+    assert e.value.filename == str(missing)
+    assert e.value.strerror
+    with pytest.raises(FileNotFoundError) as e2:
+        ferrio.residency(missing)
+    assert e2.value.filename == str(missing)
+    with pytest.raises(FileNotFoundError):
+        ferrio.drop_cache(missing)
+    with pytest.raises(FileNotFoundError):
+        ferrio.fromfile(missing)
+
+
+def test_directory(tmp_path: Path) -> None:
+    for mode in ("r", "r+"):
+        with pytest.raises(IsADirectoryError) as e:
+            ferrio.open(tmp_path, mode)
+        assert e.value.errno == errno.EISDIR
+        assert e.value.filename == str(tmp_path)
+
+
+@pytest.mark.skipif(is_root(), reason="root bypasses file permissions")
+def test_no_permission(small_file: Path) -> None:
+    small_file.chmod(0o000)
+    try:
+        with pytest.raises(PermissionError) as e:
+            ferrio.open(small_file)
+        assert e.value.errno in (errno.EACCES, errno.EPERM)
+        assert e.value.filename == str(small_file)
+    finally:
+        small_file.chmod(0o644)
+
+
+@pytest.mark.skipif(is_root(), reason="root may drop the system cache")
+def test_drop_system_cache_needs_root() -> None:
+    with pytest.raises(PermissionError) as e:
+        ferrio.drop_system_cache()
+    assert e.value.filename == "/proc/sys/vm/drop_caches"
+
+
+def test_exception_hierarchy() -> None:
+    for cls in (ferrio.CancelledError, ferrio.CudaUnavailableError, ferrio.CudaError):
+        assert issubclass(cls, ferrio.FerrioError)
+    assert issubclass(ferrio.FerrioError, Exception)
+    assert not issubclass(ferrio.FerrioError, OSError)
+    assert ferrio.FerrioError.__module__ == "ferrio"
+
+
+def test_gpu_arrays_are_refused_clearly(small_file: Path) -> None:
+    class FakeCudaArray:
+        @property
+        def __cuda_array_interface__(self) -> dict[str, object]:
+            return {"shape": (4,), "typestr": "|u1", "data": (0, False), "version": 3}
+
+    with ferrio.open(small_file) as f, pytest.raises(ferrio.CudaUnavailableError, match="GPU"):
+        f.read(FakeCudaArray())
+
+
+def test_failed_io_raises_from_future_every_time(tmp_path: Path) -> None:
+    # /proc/self/mem has a size of 0 and refuses reads at unmapped addresses (offset 0).
+    path = Path("/proc/self/mem")
+    if not path.exists():
+        pytest.skip("no /proc/self/mem on this system")
+    with ferrio.open(path) as f:
+        fut = f.pread(bytearray(4096), offset=0)
+        with pytest.raises(OSError) as e1:
+            fut.result()
+        with pytest.raises(OSError) as e2:
+            fut.result()
+        assert e1.value.errno == e2.value.errno == errno.EIO
+        assert e1.value.filename == str(path)
+        assert isinstance(fut.exception(), OSError)
+        assert "failed" in repr(fut)
+
+
+def test_invalid_timeouts(small_file: Path) -> None:
+    with ferrio.open(small_file) as f:
+        fut = f.pread(bytearray(10))
+        for bad in (-1.0, float("nan")):
+            with pytest.raises(ValueError, match="timeout"):
+                fut.result(bad)
+        assert fut.result(0.0 if fut.done() else 10.0) == 10
+
+
+def test_os_error_of_the_environment_is_a_warning(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FERRIO_TASK_SIZE="lots")
+    out = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", "import ferrio"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode != 0
+    assert "FERRIO_TASK_SIZE" in out.stderr and "lots" in out.stderr and "4MiB" in out.stderr
