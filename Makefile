@@ -3,54 +3,66 @@ SHELL := /bin/bash
 CARGO ?= cargo
 PYTHON ?= python3
 BENCH_ARGS ?= --compare
+PY_TOOLS := maturin numpy pytest mypy ruff
 
-.PHONY: bench test lint rust-test deps-system build help gpu-wheel gpu-test memory-gpu-build memory-gpu-run
+.PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-python install \
+	build gpu-wheel gpu-test
 
 help:
 	@echo "make bench   install what is missing, build, run 'ferrio bench $(BENCH_ARGS)'"
-	@echo "make test    every test: formatting, lints, Rust tests"
+	@echo "make test    every test: formatting, lints, Rust tests, Python tests, stub check"
 
 # fio and dd are the yardsticks of `ferrio bench --compare`.
 deps-system:
 	@command -v fio >/dev/null || { echo "installing fio"; \
-	  (command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && S=sudo; \
-	   $$S apt-get update -qq && $$S apt-get install -y -qq fio >/dev/null) ; }
+	  S=; [ "$$(id -u)" != 0 ] && S=sudo; \
+	  $$S apt-get update -qq && $$S apt-get install -y -qq fio >/dev/null; }
+
+deps-python:
+	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff" 2>/dev/null || \
+	  $(PYTHON) -m pip install -q $(PY_TOOLS)
+
+# The Python package, with the `ferrio` command (a release build of the whole engine).
+install: deps-python
+	$(PYTHON) -m pip install -q .
 
 build:
 	$(CARGO) build --release -p ferrio-cli
 
-bench: deps-system build
-	./target/release/ferrio bench $(BENCH_ARGS)
+bench: deps-system install
+	$(PYTHON) -m ferrio bench $(BENCH_ARGS)
 
-lint:
+rust-lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -q
 
+py-lint: install
+	$(PYTHON) -m ruff check python benchmarks
+	$(PYTHON) -m ruff format --check python
+	$(PYTHON) -m mypy --strict python/ferrio
+	$(PYTHON) -m mypy.stubtest ferrio._native
+
+lint: rust-lint py-lint
+
 rust-test:
 	$(CARGO) test --workspace
 
-test: lint rust-test
+py-test: install
+	$(PYTHON) -m pytest -q -p no:cacheprovider python/tests
+
+test: lint rust-test py-test
 
 # --- The GPU machine (no Rust toolchain there): build here, carry .carry/, run there. ---
 # Here: the abi3 wheel (Python 3.11 here, 3.12 there), the CLI and the release test binary.
-gpu-wheel:
-	$(PYTHON) -m maturin build --release --out .carry/wheels
+gpu-wheel: deps-python
+	rm -rf .carry/wheels && $(PYTHON) -m maturin build --release --out .carry/wheels
 	$(CARGO) build --release -p ferrio-cli
 	mkdir -p .carry/bin && cp target/release/ferrio .carry/bin/
 	cp "$$($(CARGO) test --release -p ferrio --test tests --no-run --message-format=json 2>/dev/null \
 	  | $(PYTHON) -c 'import json,sys; print([json.loads(l)["executable"] for l in sys.stdin if "\"executable\":\"/" in l][-1])')" \
 	  .carry/bin/ferrio-tests
 
-# There: install the carried wheels, run the Rust tests on the real GPU, then the Python GPU tests.
+# There: everything that needs the GPU, logs in $OUT (benchmarks/gpu_all.sh).
 gpu-test:
-	bash benchmarks/gpu_test.sh
-
-# --- Issue 7 on the GPU machine: the pool's real-GPU tests and benchmarks. ---
-# Here: build .carry/memory/ (test binary, Rust and C++ benchmarks, RMM's libraries).
-memory-gpu-build:
-	bash benchmarks/memory_pool/build_gpu.sh
-
-# There, with .carry/memory carried: logs and JSON to $$OUT.
-memory-gpu-run:
-	bash benchmarks/memory_pool/run_gpu.sh
+	bash benchmarks/gpu_all.sh

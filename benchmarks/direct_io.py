@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 GIB = 1 << 30
 
@@ -32,17 +31,31 @@ def children_cpu() -> float:
 
 def run_ferrio(ferrio: str, args: list[str], env: dict[str, str]) -> tuple[float, float]:
     """Runs a ferrio command with --json; returns (GiB/s, CPU s/GiB) from its own report."""
-    out = subprocess.run([ferrio, *args, "--json"], env={**os.environ, **env}, check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [ferrio, *args, "--json"],
+        env={**os.environ, **env},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     d = json.loads(out)
     return d["bytes"] / d["seconds"] / GIB, d["cpu_seconds_per_gib"]
 
 
 def run_fio(path: str, size: int, rw: str) -> tuple[float, float]:
     c0 = children_cpu()
-    cmd = ["fio", "--name=direct-io", f"--filename={path}", f"--rw={rw}", "--bs=1M",
-           "--iodepth=32", "--ioengine=io_uring", "--direct=1", f"--size={size}",
-           "--output-format=json"]
+    cmd = [
+        "fio",
+        "--name=direct-io",
+        f"--filename={path}",
+        f"--rw={rw}",
+        "--bs=1M",
+        "--iodepth=32",
+        "--ioengine=io_uring",
+        "--direct=1",
+        f"--size={size}",
+        "--output-format=json",
+    ]
     if rw == "write":
         cmd.append("--end_fsync=1")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -57,8 +70,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=".")
     here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--ferrio", default=shutil.which("ferrio")
-                    or os.path.join(here, "..", "target", "release", "ferrio"))
+    ap.add_argument(
+        "--ferrio",
+        default=shutil.which("ferrio") or os.path.join(here, "..", "target", "release", "ferrio"),
+    )
     args = ap.parse_args()
     if not shutil.which("fio"):
         print("direct_io: needs fio (apt-get install fio)", file=sys.stderr)
@@ -77,37 +92,40 @@ def main() -> int:
         for r in range(args.rounds):
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
             for mode in ("off", "on"):
-                s = run_ferrio(args.ferrio, ["write", path, "--size", args.size],
-                               {"FERRIO_DIRECT_WRITE": mode})
+                s = run_ferrio(
+                    args.ferrio, ["write", path, "--size", args.size], {"FERRIO_DIRECT_WRITE": mode}
+                )
                 rows.setdefault(f"write {mode} (synced)", []).append(s)
             size = os.path.getsize(path)
             rows.setdefault("write fio O_DIRECT", []).append(run_fio(path + ".fio", size, "write"))
             os.unlink(path + ".fio")
             for name, env in policies.items():
                 rows.setdefault(f"cold read {name}", []).append(
-                    run_ferrio(args.ferrio, ["read", "--cold", path], env))
+                    run_ferrio(args.ferrio, ["read", "--cold", path], env)
+                )
             rows.setdefault("cold read fio O_DIRECT", []).append(run_fio(path, size, "read"))
             run_ferrio(args.ferrio, ["read", path], {"FERRIO_DIRECT_READ": "off"})  # warm
             for name, env in policies.items():
                 rows.setdefault(f"hot read {name}", []).append(
-                    run_ferrio(args.ferrio, ["read", path], env))
+                    run_ferrio(args.ferrio, ["read", path], env)
+                )
                 if name in ("on", "on+overread"):  # direct reads do not fill the cache back
                     run_ferrio(args.ferrio, ["read", path], {"FERRIO_DIRECT_READ": "off"})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
-           for k, v in rows.items()}
+    med = {
+        k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
+        for k, v in rows.items()
+    }
     print(f"{'':28s} {'GiB/s':>8s} {'CPU s/GiB':>10s}   ({args.rounds} rounds, {args.size})")
     for k, (g, c) in med.items():
         print(f"{k:28s} {g:8.2f} {c:10.3f}")
     ratios = {
-        "auto cold / fio O_DIRECT cold (target >= 0.95)":
-            med["cold read auto"][0] / med["cold read fio O_DIRECT"][0],
-        "auto cold / off cold (target >= 1.5)":
-            med["cold read auto"][0] / med["cold read off"][0],
-        "auto hot / off hot (target >= 0.95)":
-            med["hot read auto"][0] / med["hot read off"][0],
+        "auto cold / fio O_DIRECT cold (target >= 0.95)": med["cold read auto"][0]
+        / med["cold read fio O_DIRECT"][0],
+        "auto cold / off cold (target >= 1.5)": med["cold read auto"][0] / med["cold read off"][0],
+        "auto hot / off hot (target >= 0.95)": med["hot read auto"][0] / med["hot read off"][0],
         "write on / write off": med["write on (synced)"][0] / med["write off (synced)"][0],
         "write on / fio O_DIRECT write": med["write on (synced)"][0] / med["write fio O_DIRECT"][0],
     }

@@ -61,6 +61,15 @@ def measure(nbytes: int, fn: Callable[[], Any]) -> tuple[float, float]:
     return nbytes / t / GIB, c / (nbytes / GIB)
 
 
+def pinned_copy_rates(rounds: int) -> list[tuple[float, float]]:
+    """Measure host->device copies of 1 GiB from pinned memory, `rounds` times."""
+    pinned = cp.cuda.alloc_pinned_memory(GIB)
+    host = np.frombuffer(pinned, dtype=np.uint8, count=GIB)
+    host[:] = 1
+    dev = cp.empty(GIB, dtype=cp.uint8)
+    return [measure(GIB, lambda: dev.set(host)) for _ in range(rounds)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-gib", type=float, default=8.0)
@@ -88,6 +97,7 @@ def main() -> int:
         print(f"  {name:44s} {sample[0]:7.2f} GiB/s  {sample[1]:6.3f} CPU s/GiB", flush=True)
 
     try:
+        out = os.path.join(tmpdir, "out")
         src = cp.random.randint(0, 255, size=nbytes, dtype=cp.uint8)
         cp.cuda.runtime.deviceSynchronize()
         with ferrio.open(path, "w") as f:
@@ -96,19 +106,15 @@ def main() -> int:
         dst = cp.empty(nbytes, dtype=cp.uint8)
 
         # The ceiling: pinned host -> device copies.
-        pinned = cp.cuda.alloc_pinned_memory(GIB)
-        host = np.frombuffer(pinned, dtype=np.uint8, count=GIB)
-        host[:] = 1
-        dev = cp.empty(GIB, dtype=cp.uint8)
-        for _ in range(3):
-            add("pinned host->device copy (1 GiB)", measure(GIB, lambda: dev.set(host)))
-        del dev, pinned, host
+        for sample in pinned_copy_rates(3):
+            add("pinned host->device copy (1 GiB)", sample)
 
         def ferrio_read(**cfg: Any) -> Callable[[], Any]:
             def run() -> None:
                 with ferrio.config.set(**cfg), ferrio.open(path) as f:
                     n = f.read(dst)
                 assert n == nbytes, n
+
             return run
 
         def kvikio_read(threads: int) -> Callable[[], Any]:
@@ -116,6 +122,7 @@ def main() -> int:
                 with kvikio_threads(kvikio, threads), kvikio.CuFile(path, "r") as f:
                     n = f.read(dst)
                 assert n == nbytes, n
+
             return run
 
         def numpy_read() -> None:
@@ -127,16 +134,22 @@ def main() -> int:
 
         engines: list[tuple[str, Callable[[], Any]]] = [("ferrio (defaults)", ferrio_read())]
         if kvikio is not None:
-            engines += [("KvikIO 1 thread (default)", kvikio_read(1)),
-                        ("KvikIO 16 threads", kvikio_read(16))]
+            engines += [
+                ("KvikIO 1 thread (default)", kvikio_read(1)),
+                ("KvikIO 16 threads", kvikio_read(16)),
+            ]
         engines.append(("numpy.fromfile + cupy.asarray", numpy_read))
         sweep: list[tuple[str, Callable[[], Any]]] = []
         if args.sweep:
             for t in (4, 8, 16, 32):
                 sweep.append((f"ferrio threads={t}", ferrio_read(threads_per_device=t)))
             for size, k in (("1MiB", 4), ("2MiB", 4), ("4MiB", 2), ("8MiB", 4)):
-                sweep.append((f"ferrio ring {k}x{size}",
-                              ferrio_read(bounce_buffer_size=size, bounce_buffers=k)))
+                sweep.append(
+                    (
+                        f"ferrio ring {k}x{size}",
+                        ferrio_read(bounce_buffer_size=size, bounce_buffers=k),
+                    )
+                )
 
         for r in range(1, args.rounds + 1):
             print(f"round {r}: hot", flush=True)
@@ -155,15 +168,17 @@ def main() -> int:
                 drop_caches()
                 t0 = time.perf_counter()
                 c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=16M", "iflag=direct",
-                                "status=none"], check=True)
+                dd = ["dd", f"if={path}", "of=/dev/null", "bs=16M", "iflag=direct", "status=none"]
+                subprocess.run(dd, check=True)
                 c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t = time.perf_counter() - t0
                 cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
-                add("cold dd bs=16M iflag=direct (to host)", (nbytes / t / GIB, cpu / (nbytes / GIB)))
+                add(
+                    "cold dd bs=16M iflag=direct (to host)",
+                    (nbytes / t / GIB, cpu / (nbytes / GIB)),
+                )
 
             print(f"round {r}: write", flush=True)
-            out = os.path.join(tmpdir, "out")
 
             def ferrio_write() -> None:
                 with ferrio.open(out, "w") as f:
@@ -175,12 +190,15 @@ def main() -> int:
                     with kvikio_threads(kvikio, threads), kvikio.CuFile(out, "w") as f:
                         f.write(src)
                         os.fsync(os.open(out, os.O_RDONLY))
+
                 return run
 
             writers = [("ferrio (defaults)", ferrio_write)]
             if kvikio is not None:
-                writers += [("KvikIO 1 thread (default)", kvikio_write(1)),
-                            ("KvikIO 16 threads", kvikio_write(16))]
+                writers += [
+                    ("KvikIO 1 thread (default)", kvikio_write(1)),
+                    ("KvikIO 16 threads", kvikio_write(16)),
+                ]
             for name, fn in writers:
                 if os.path.exists(out):
                     os.unlink(out)
@@ -202,8 +220,9 @@ def main() -> int:
         print(f"{name:50s} {g:7.2f} GiB/s  {c:6.3f} CPU s/GiB")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"file_gib": nbytes / GIB, "rounds": args.rounds, "results": summary}, f,
-                      indent=1)
+            json.dump(
+                {"file_gib": nbytes / GIB, "rounds": args.rounds, "results": summary}, f, indent=1
+            )
     return 0
 
 

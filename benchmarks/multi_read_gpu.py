@@ -26,7 +26,7 @@ def main() -> int:
     arrays = [cp.empty(os.path.getsize(p), dtype=cp.uint8) for p in paths]
     cp.cuda.runtime.deviceSynchronize()
     t0 = time.perf_counter()
-    futures = [f.pread(a) for f, a in zip(files, arrays)]
+    futures = [f.pread(a) for f, a in zip(files, arrays, strict=True)]
     total = sum(fut.result() for fut in futures)
     cp.cuda.runtime.deviceSynchronize()
     secs = time.perf_counter() - t0

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from ferrio._native import open as _open
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
 
 
@@ -19,12 +18,16 @@ def fromfile(
     offset: int = 0,
     *,
     shape: int | tuple[int, ...] | None = None,
-) -> np.ndarray[Any, np.dtype[Any]]:
-    """Read a binary file into a new numpy array, like `numpy.fromfile`, in parallel.
+    device: str = "cpu",
+) -> Any:
+    """Read a binary file into a new array, like `numpy.fromfile`, in parallel.
 
     Reads `count` items of `dtype` (-1: as many whole items as the file holds after
     `offset`) starting `offset` bytes into the file, or exactly ``prod(shape)`` items shaped
     `shape`. Raises ValueError if the file is shorter than asked. Needs numpy.
+
+    `device` ``"cpu"`` gives a numpy array; ``"cuda"`` or ``"cuda:N"`` a CuPy array on GPU N
+    (needs CuPy), filled straight from the file through ferrio's pinned bounce buffers.
     """
     try:
         import numpy as np
@@ -43,7 +46,7 @@ def fromfile(
         else:
             items = count if count >= 0 else max(f.size - offset, 0) // max(dt.itemsize, 1)
             dims = (items,)
-        arr = np.empty(dims, dtype=dt)
+        arr = _empty(dims, dt, device)
         got = f.read(arr, offset=offset)
     if got != arr.nbytes:
         raise ValueError(
@@ -51,3 +54,20 @@ def fromfile(
             f"fewer than the {arr.nbytes} asked for"
         )
     return arr
+
+
+def _empty(dims: tuple[int, ...], dt: Any, device: str) -> Any:
+    """Return an uninitialised array on `device` ("cpu", "cuda", "cuda:N")."""
+    import numpy as np
+
+    if device == "cpu":
+        return np.empty(dims, dtype=dt)
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {device!r}")
+    try:
+        import cupy  # type: ignore[import-not-found, unused-ignore]
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("ferrio.fromfile(device='cuda') needs CuPy") from e
+    with cupy.cuda.Device(int(index or 0)):
+        return cupy.empty(dims, dtype=dt)

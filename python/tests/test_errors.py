@@ -172,14 +172,53 @@ def test_exception_hierarchy() -> None:
     assert ferrio.FerrioError.__module__ == "ferrio"
 
 
-def test_gpu_arrays_are_refused_clearly(small_file: Path) -> None:
+def test_gpu_arrays_without_a_driver_say_why(small_file: Path) -> None:
     class FakeCudaArray:
         @property
         def __cuda_array_interface__(self) -> dict[str, object]:
-            return {"shape": (4,), "typestr": "|u1", "data": (0, False), "version": 3}
+            return {"shape": (4,), "typestr": "|u1", "data": (0x1000, False), "version": 3}
 
-    with ferrio.open(small_file) as f, pytest.raises(ferrio.CudaUnavailableError, match="GPU"):
+    try:
+        import cupy  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
+
+        pytest.skip("CuPy present: the GPU tests cover device arrays")
+    except ImportError:
+        pass
+    with (
+        ferrio.open(small_file) as f,
+        pytest.raises(ferrio.CudaUnavailableError, match="CUDA is not available"),
+    ):
         f.read(FakeCudaArray())
+
+
+def test_bad_cuda_array_interfaces_are_value_errors(small_file: Path) -> None:
+    class Strided:
+        __cuda_array_interface__ = {  # noqa: RUF012
+            "shape": (4, 4),
+            "typestr": "<f4",
+            "data": (0x1000, False),
+            "strides": (32, 8),
+            "version": 3,
+        }
+
+    class ReadOnly:
+        __cuda_array_interface__ = {  # noqa: RUF012
+            "shape": (4,),
+            "typestr": "|u1",
+            "data": (0x1000, True),
+            "version": 3,
+        }
+
+    class Broken:
+        __cuda_array_interface__ = {"shape": (4,)}  # noqa: RUF012
+
+    with ferrio.open(small_file) as f:
+        with pytest.raises(ValueError, match="contiguous"):
+            f.read(Strided())
+        with pytest.raises(ValueError, match="read-only"):
+            f.read(ReadOnly())
+        with pytest.raises(ValueError, match="data"):
+            f.read(Broken())
 
 
 def test_failed_io_raises_from_future_every_time(tmp_path: Path) -> None:

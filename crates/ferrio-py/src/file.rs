@@ -16,7 +16,7 @@ use ferrio::{Mode, OpenOptions, Settings};
 use crate::buffer::{self, Direction, Target};
 use crate::config::SettingText;
 use crate::errors::{closed_file, to_pyerr, UnsupportedOperation};
-use crate::future::{IOFuture, Pending};
+use crate::future::{IOFuture, Keep, Pending};
 use crate::gil::without_gil;
 
 /// An open file. Reads and writes are split into tasks that run in parallel on the worker pool
@@ -72,8 +72,11 @@ impl File {
         let offset = u64::try_from(offset).map_err(|_| {
             PyValueError::new_err(format!("offset must be at least 0, not {offset}"))
         })?;
-        let Target::Host(host) = buffer::target(buf, direction, size)?;
-        let (ptr, len) = (host.ptr(), host.len());
+        let target = buffer::target(buf, direction, size)?;
+        let len = match &target {
+            Target::Host(host) => host.len(),
+            Target::Device(dev) => dev.len,
+        };
         let what = format!(
             "{} of {len} bytes at offset {offset} of {:?}",
             match direction {
@@ -82,16 +85,33 @@ impl File {
             },
             self.path.display().to_string()
         );
-        let fut = match direction {
-            // SAFETY: `ptr..ptr+len` lies in the writable, C-contiguous export checked by
-            // `buffer::target`; `Pending` keeps the export (so the memory) alive and waits for
-            // the future before releasing it, and the future is never leaked.
-            Direction::Read => unsafe { file.pread_raw(ptr, len, offset) },
-            // SAFETY: as above, for reading `ptr..ptr+len`; Python code that mutates the buffer
-            // during the write races with it, as with any write from a buffer.
-            Direction::Write => unsafe { file.pwrite_raw(ptr, len, offset) },
+        let pending = match target {
+            Target::Host(host) => {
+                let ptr = host.ptr();
+                let fut = match direction {
+                    // SAFETY: `ptr..ptr+len` lies in the writable, C-contiguous export checked by
+                    // `buffer::target`; `Pending` keeps the export (so the memory) alive and
+                    // waits for the future before releasing it, and the future is never leaked.
+                    Direction::Read => unsafe { file.pread_raw(ptr, len, offset) },
+                    // SAFETY: as above, for reading `ptr..ptr+len`; Python code that mutates the
+                    // buffer during the write races with it, as with any write from a buffer.
+                    Direction::Write => unsafe { file.pwrite_raw(ptr, len, offset) },
+                };
+                Pending::new(fut, Keep::View(host.into_view()))
+            }
+            Target::Device(dev) => {
+                let ptr = ferrio::cuda::DevicePtr(dev.ptr);
+                let fut = match direction {
+                    // SAFETY: `ptr..ptr+len` lies in a writable, C-contiguous GPU array checked
+                    // by `buffer::target`; `Pending` holds its owner until the future is done.
+                    Direction::Read => unsafe { file.pread_device(ptr, len, offset) },
+                    // SAFETY: as above, for reading the array's memory.
+                    Direction::Write => unsafe { file.pwrite_device(ptr, len, offset) },
+                };
+                Pending::new(fut, Keep::Object(dev.owner))
+            }
         };
-        Ok((Pending::new(fut, host.into_view()), what))
+        Ok((pending, what))
     }
 }
 

@@ -35,15 +35,23 @@ fn wait_done(fut: &ferrio::IoFuture) {
 /// from. Dropping it waits for the operation before releasing the export.
 pub(crate) struct Pending {
     fut: Arc<ferrio::IoFuture>,
-    view: Option<PyUntypedBuffer>,
+    keep: Option<Keep>,
+}
+
+/// What keeps an operation's memory alive: a buffer export, or a GPU array (or DLPack capsule).
+pub(crate) enum Keep {
+    /// A host buffer export.
+    View(#[allow(dead_code)] PyUntypedBuffer),
+    /// The object owning GPU memory.
+    Object(#[allow(dead_code)] Py<PyAny>),
 }
 
 impl Pending {
-    /// Pairs an issued operation with the export that must outlive it.
-    pub(crate) fn new(fut: ferrio::IoFuture, view: PyUntypedBuffer) -> Pending {
+    /// Pairs an issued operation with what must outlive it.
+    pub(crate) fn new(fut: ferrio::IoFuture, keep: Keep) -> Pending {
         Pending {
             fut: Arc::new(fut),
-            view: Some(view),
+            keep: Some(keep),
         }
     }
 
@@ -68,7 +76,7 @@ impl Drop for Pending {
             }
         }
         // The tasks have all returned: the memory may now be freed or resized.
-        drop(self.view.take());
+        drop(self.keep.take());
     }
 }
 

@@ -196,6 +196,17 @@ impl Drop for ContextGuard {
     }
 }
 
+/// Blocks until everything queued so far on `stream` has finished. `stream` is a raw `CUstream`
+/// handle owned by another library (CuPy, PyTorch), or `1` / `2` for the legacy / per-thread
+/// default stream, as `__cuda_array_interface__` and DLPack name them.
+///
+/// # Safety
+/// `stream` must be a live stream of `context`, or 1 or 2.
+pub unsafe fn synchronize_stream(context: Context, stream: usize) -> Result<()> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { calls::stream_synchronize(context, stream as calls::RawStream) }
+}
+
 /// Where an address points.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Memory {
