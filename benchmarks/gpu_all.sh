@@ -33,8 +33,8 @@ tail -5 "$LOGS/memory-run.log" | tee -a "$S"
 
 step gpu-compare
 cd /root
-if [ "${1:-}" = quick ]; then ARGS="--size-gib 2 --rounds 1"; else ARGS="--size-gib 8 --rounds 3"; fi
-timeout 420 python3 "$ROOT/benchmarks/gpu_compare.py" $ARGS --json "$LOGS/gpu_compare.json" \
+if [ "${1:-}" = quick ]; then ARGS="--size-gib 2 --rounds 1"; else ARGS="--size-gib 8 --rounds 3 --sweep"; fi
+timeout 330 python3 "$ROOT/benchmarks/gpu_compare.py" $ARGS --json "$LOGS/gpu_compare.json" \
   >"$LOGS/gpu_compare.log" 2>&1
 sed -n '/^medians/,$p' "$LOGS/gpu_compare.log" | tee -a "$S"; tail -3 "$LOGS/gpu_compare.log" >>"$S"
 cd "$ROOT"
