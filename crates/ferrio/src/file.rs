@@ -16,7 +16,7 @@ use crate::cuda::{self, DevicePtr, Memory};
 use crate::direct::{self, DirectSupport};
 use crate::error::{Error, Op, Result};
 use crate::plan::{self, Task};
-use crate::pool::{self, Completion, DevicePool, Direction, IoFuture, Worker};
+use crate::pool::{self, Completion, DevicePool, Direction, IoFuture, Request, Worker};
 use crate::sys;
 
 /// How a file is opened, in the words of `fopen`/Python's `open`.
@@ -208,6 +208,8 @@ struct Inner {
     /// Next append offset, for modes `a` and `a+`.
     append_at: Mutex<u64>,
     pool: Arc<DevicePool>,
+    /// Whether the file lives on a block device (a local file system), not NFS/FUSE/tmpfs.
+    local: bool,
     /// The settings at open (thread cap, bounce-ring sizes).
     settings: Settings,
 }
@@ -262,7 +264,7 @@ impl File {
                 ),
             }
         };
-        let pool = pool_for_device(st.st_dev, settings);
+        let (pool, local) = pool_for_device(st.st_dev, settings);
         Ok(File {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
@@ -273,6 +275,7 @@ impl File {
                 direct_refused: AtomicBool::new(false),
                 append_at: Mutex::new(st.st_size as u64),
                 pool,
+                local,
                 settings: settings.clone(),
             }),
             choices,
@@ -523,12 +526,15 @@ impl File {
             unsafe { file.read_task(w, dst, t) }
         });
         self.inner.pool.submit(
-            tasks,
-            Arc::clone(&completion),
-            Direction::Read,
-            true,
+            Request {
+                tasks,
+                completion: Arc::clone(&completion),
+                direction: Direction::Read,
+                inline_ok: true,
+                max_active: usize::MAX,
+                run,
+            },
             self.inner.settings.max_threads,
-            run,
         );
         Ok(completion)
     }
@@ -565,12 +571,15 @@ impl File {
             unsafe { file.write_task(w, src, t) }
         });
         self.inner.pool.submit(
-            tasks,
-            Arc::clone(&completion),
-            Direction::Write,
-            true,
+            Request {
+                tasks,
+                completion: Arc::clone(&completion),
+                direction: Direction::Write,
+                inline_ok: true,
+                max_active: self.write_cap(),
+                run,
+            },
             self.inner.settings.max_threads,
-            run,
         );
         Ok(completion)
     }
@@ -651,14 +660,36 @@ impl File {
             }
         });
         self.inner.pool.submit(
-            tasks,
-            Arc::clone(&completion),
-            direction,
-            false,
+            Request {
+                tasks,
+                completion: Arc::clone(&completion),
+                direction: direction,
+                inline_ok: false,
+                max_active: self.cap_for(direction),
+                run,
+            },
             self.inner.settings.max_threads,
-            run,
         );
         Ok(completion)
+    }
+
+    /// Most tasks of one write request running at once. Buffered writes to one file serialise
+    /// on the inode's lock in local file systems, so more than two in flight only adds lock
+    /// spinning (measured: 16 writers on the H200 burned 3.2 CPU-seconds per GiB); direct
+    /// writes and file systems without a block device (NFS, FUSE) run on every thread.
+    fn write_cap(&self) -> usize {
+        if self.choices.direct_write == DirectMode::Off && self.inner.local {
+            BUFFERED_WRITES_IN_FLIGHT
+        } else {
+            usize::MAX
+        }
+    }
+
+    fn cap_for(&self, direction: Direction) -> usize {
+        match direction {
+            Direction::Read => usize::MAX,
+            Direction::Write => self.write_cap(),
+        }
     }
 
     /// The offset a write of `len` bytes goes to: `offset`, or the end of the file in append
@@ -1044,9 +1075,10 @@ impl std::fmt::Debug for File {
 /// `device_threads` entry for the key if there is one, else `threads_per_device` for each disk
 /// behind it (a RAID-0 of four disks gets four times as many), else the device kind's default.
 /// With per-device pools off, every file shares the pool `global`.
-fn pool_for_device(dev: libc::dev_t, settings: &Settings) -> Arc<DevicePool> {
+fn pool_for_device(dev: libc::dev_t, settings: &Settings) -> (Arc<DevicePool>, bool) {
     let stack =
         crate::blockdev::Resolver::system().device(crate::blockdev::DevId::from_st_dev(dev));
+    let local = stack.as_ref().is_ok_and(|s| s.has_block_device());
     let (key, disks, suggested) = match &stack {
         Ok(s) => (
             s.pool.to_string(),
@@ -1065,13 +1097,17 @@ fn pool_for_device(dev: libc::dev_t, settings: &Settings) -> Arc<DevicePool> {
         let n = settings
             .device_threads_for("global")
             .unwrap_or(per_disk(settings.threads_per_device));
-        return crate::pool::pool_for("global", n);
+        return (crate::pool::pool_for("global", n), local);
     }
     let n = settings
         .device_threads_for(&key)
         .unwrap_or(per_disk(settings.threads_per_device));
-    crate::pool::pool_for(&key, n)
+    (crate::pool::pool_for(&key, n), local)
 }
+
+/// Tasks of one buffered write request to a local file that may run at once (see
+/// `File::write_cap`).
+const BUFFERED_WRITES_IN_FLIGHT: usize = 2;
 
 /// Threads of a pool whose device sysfs cannot describe.
 const DEFAULT_THREADS: usize = 4;

@@ -66,12 +66,50 @@ pub(crate) enum Direction {
 /// Runs one task of a job on a worker; returns the bytes moved.
 pub(crate) type TaskFn = dyn Fn(&mut Worker, &Task) -> Result<usize> + Send + Sync;
 
+/// One request for a pool: its tasks, how to run one, and how many may run at once.
+pub(crate) struct Request {
+    /// The tasks, in file order.
+    pub(crate) tasks: Vec<Task>,
+    /// Where the tasks report.
+    pub(crate) completion: Arc<Completion>,
+    /// Read or write, for statistics.
+    pub(crate) direction: Direction,
+    /// A small single-task request may run on the calling thread.
+    pub(crate) inline_ok: bool,
+    /// Most tasks of this request running at once (`usize::MAX`: as many as there are threads).
+    pub(crate) max_active: usize,
+    /// Runs one task.
+    pub(crate) run: Box<TaskFn>,
+}
+
 struct Job {
     tasks: Vec<Task>,
     next: AtomicUsize,
+    /// Tasks claimed and not yet finished.
+    active: AtomicUsize,
+    max_active: usize,
     run: Box<TaskFn>,
     completion: Arc<Completion>,
     direction: Direction,
+}
+
+impl Job {
+    fn new(r: Request, next: usize) -> Job {
+        Job {
+            tasks: r.tasks,
+            next: AtomicUsize::new(next),
+            active: AtomicUsize::new(0),
+            max_active: r.max_active.max(1),
+            run: r.run,
+            completion: r.completion,
+            direction: r.direction,
+        }
+    }
+
+    /// Whether a worker may claim a task of this job now.
+    fn may_start(&self) -> bool {
+        self.completion.is_cancelled() || self.active.load(Ordering::Acquire) < self.max_active
+    }
 }
 
 /// Statistics of one pool, as counted since it started.
@@ -148,37 +186,17 @@ impl DevicePool {
 
     /// Queues a request's tasks and returns at once. Small single-task requests run inline on
     /// the calling thread (a thread hop would cost more than the I/O).
-    pub(crate) fn submit(
-        self: &Arc<Self>,
-        tasks: Vec<Task>,
-        completion: Arc<Completion>,
-        direction: Direction,
-        inline_ok: bool,
-        thread_cap: usize,
-        run: Box<TaskFn>,
-    ) {
-        if tasks.is_empty() {
+    pub(crate) fn submit(self: &Arc<Self>, request: Request, thread_cap: usize) {
+        let n = request.tasks.len();
+        if n == 0 {
             return;
         }
-        if inline_ok && tasks.len() == 1 && tasks[0].len <= INLINE_MAX_BYTES {
-            let job = Job {
-                tasks,
-                next: AtomicUsize::new(1),
-                run,
-                completion,
-                direction,
-            };
+        if request.inline_ok && n == 1 && request.tasks[0].len <= INLINE_MAX_BYTES {
+            let job = Job::new(request, 1);
             INLINE_WORKER.with(|w| self.run_task(&mut w.borrow_mut(), &job, 0));
             return;
         }
-        let n = tasks.len();
-        let job = Arc::new(Job {
-            tasks,
-            next: AtomicUsize::new(0),
-            run,
-            completion,
-            direction,
-        });
+        let job = Arc::new(Job::new(request, 0));
         self.counters.queued.fetch_add(n as u64, Ordering::Relaxed);
         self.lock().push_back(job);
         self.grow(n, thread_cap);
@@ -230,37 +248,73 @@ impl DevicePool {
             let (job, claimed) = {
                 let mut q = self.lock();
                 loop {
-                    if let Some(job) = q.pop_front() {
-                        let n = job.tasks.len();
-                        if job.completion.is_cancelled() {
-                            // Claim every task left at once: a cancelled job must not wait its
-                            // turn behind the other jobs once per task to be skipped.
-                            let first = job.next.swap(n, Ordering::Relaxed);
-                            if first < n {
-                                break (job, first..n);
-                            }
-                            continue;
-                        }
-                        let index = job.next.fetch_add(1, Ordering::Relaxed);
-                        if index + 1 < n {
-                            // Round-robin: the job waits behind the others for its next task.
-                            q.push_back(Arc::clone(&job));
-                        }
-                        if index < n {
-                            break (job, index..index + 1);
+                    if self.retire_one() {
+                        drop(q);
+                        // A thread that ends normally gives its pinned bounce buffers back.
+                        crate::bounce::release_thread_rings();
+                        return;
+                    }
+                    // Round-robin over the jobs, passing over those at their concurrency cap.
+                    let Some(job) = q
+                        .iter()
+                        .position(|j| j.may_start())
+                        .and_then(|i| q.remove(i))
+                    else {
+                        q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+                        continue;
+                    };
+                    let n = job.tasks.len();
+                    if job.completion.is_cancelled() {
+                        // Claim every task left at once: a cancelled job must not wait its turn
+                        // behind the other jobs once per task to be skipped.
+                        let first = job.next.swap(n, Ordering::Relaxed);
+                        if first < n {
+                            break (job, first..n);
                         }
                         continue;
                     }
-                    q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+                    let index = job.next.fetch_add(1, Ordering::Relaxed);
+                    if index + 1 < n {
+                        // The job waits behind the others for its next task.
+                        q.push_back(Arc::clone(&job));
+                    }
+                    if index < n {
+                        job.active.fetch_add(1, Ordering::AcqRel);
+                        break (job, index..index + 1);
+                    }
                 }
             };
             self.counters
                 .queued
                 .fetch_sub(claimed.len() as u64, Ordering::Relaxed);
+            let capped = job.max_active != usize::MAX && claimed.len() == 1;
             for index in claimed {
                 self.run_task(&mut worker, &job, index);
             }
+            if capped {
+                job.active.fetch_sub(1, Ordering::AcqRel);
+                // Another worker may be waiting for this job to drop below its cap.
+                self.ready.notify_one();
+            }
         }
+    }
+
+    /// Ends one thread of this pool if it has more than its size (after a resize down).
+    fn retire_one(&self) -> bool {
+        let mut have = self.started.load(Ordering::Acquire);
+        while have > self.max_threads.load(Ordering::Relaxed) {
+            match self
+                .started
+                .compare_exchange(have, have - 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    TOTAL_THREADS.fetch_sub(1, Ordering::AcqRel);
+                    return true;
+                }
+                Err(now) => have = now,
+            }
+        }
+        false
     }
 
     fn run_task(&self, worker: &mut Worker, job: &Job, index: usize) {
@@ -334,7 +388,7 @@ fn registry() -> &'static Mutex<HashMap<String, Arc<DevicePool>>> {
 
 /// The pool for `key`, created (without threads) on first use, sized for `threads` threads.
 /// A later call with another size resizes it: growing takes effect with the next request;
-/// shrinking stops new threads from starting (running ones stay).
+/// shrinking ends surplus threads as soon as they finish their current task.
 pub(crate) fn pool_for(key: &str, threads: usize) -> Arc<DevicePool> {
     let pool = {
         let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
@@ -343,7 +397,10 @@ pub(crate) fn pool_for(key: &str, threads: usize) -> Arc<DevicePool> {
                 .or_insert_with(|| DevicePool::new(key.to_string(), threads)),
         )
     };
-    pool.max_threads.store(threads.max(1), Ordering::Relaxed);
+    let old = pool.max_threads.swap(threads.max(1), Ordering::Relaxed);
+    if threads < old {
+        pool.ready.notify_all();
+    }
     pool
 }
 
@@ -378,6 +435,17 @@ mod tests {
             .collect()
     }
 
+    fn req(tasks: Vec<Task>, completion: Arc<Completion>, run: Box<TaskFn>) -> Request {
+        Request {
+            tasks,
+            completion,
+            direction: Direction::Read,
+            inline_ok: false,
+            max_active: usize::MAX,
+            run,
+        }
+    }
+
     fn sleepy(ms: u64) -> Box<TaskFn> {
         Box::new(move |_, _| {
             std::thread::sleep(Duration::from_millis(ms));
@@ -389,25 +457,11 @@ mod tests {
     fn a_huge_request_cannot_starve_a_small_one() {
         let pool = DevicePool::new("test-fairness".into(), 1);
         let huge = Completion::new(0, 200, 200);
-        pool.submit(
-            tasks(200),
-            Arc::clone(&huge),
-            Direction::Read,
-            false,
-            usize::MAX,
-            sleepy(2),
-        );
+        pool.submit(req(tasks(200), Arc::clone(&huge), sleepy(2)), usize::MAX);
         std::thread::sleep(Duration::from_millis(10));
         let small = Completion::new(0, 2, 2);
         let small_fut = IoFuture::new(Arc::clone(&small), ());
-        pool.submit(
-            tasks(2),
-            small,
-            Direction::Read,
-            false,
-            usize::MAX,
-            sleepy(2),
-        );
+        pool.submit(req(tasks(2), small, sleepy(2)), usize::MAX);
         assert_eq!(small_fut.wait().unwrap(), 2);
         let huge_fut = IoFuture::new(huge, ());
         assert!(
@@ -430,14 +484,7 @@ mod tests {
                     std::thread::sleep(Duration::from_millis(1));
                     Ok(1)
                 });
-                pool.submit(
-                    tasks(4),
-                    Arc::clone(&c),
-                    Direction::Read,
-                    false,
-                    usize::MAX,
-                    run,
-                );
+                pool.submit(req(tasks(4), Arc::clone(&c), run), usize::MAX);
                 IoFuture::new(c, ())
             })
             .collect();
@@ -460,14 +507,7 @@ mod tests {
         let cap = total_threads();
         let pool = DevicePool::new("test-cap".into(), 8);
         let c = Completion::new(0, 16, 16);
-        pool.submit(
-            tasks(16),
-            Arc::clone(&c),
-            Direction::Read,
-            false,
-            cap,
-            sleepy(1),
-        );
+        pool.submit(req(tasks(16), Arc::clone(&c), sleepy(1)), cap);
         assert_eq!(IoFuture::new(c, ()).wait().unwrap(), 16);
         assert_eq!(
             pool.stats().threads,
@@ -476,14 +516,7 @@ mod tests {
         );
         let roomy = DevicePool::new("test-roomy".into(), 3);
         let c = Completion::new(0, 16, 16);
-        roomy.submit(
-            tasks(16),
-            Arc::clone(&c),
-            Direction::Read,
-            false,
-            usize::MAX,
-            sleepy(1),
-        );
+        roomy.submit(req(tasks(16), Arc::clone(&c), sleepy(1)), usize::MAX);
         assert_eq!(IoFuture::new(c, ()).wait().unwrap(), 16);
         assert_eq!(
             roomy.stats().threads,
@@ -506,14 +539,7 @@ mod tests {
             }
         });
         let c = Completion::new(0, 100, 100);
-        pool.submit(
-            tasks(100),
-            Arc::clone(&c),
-            Direction::Read,
-            false,
-            usize::MAX,
-            run,
-        );
+        pool.submit(req(tasks(100), Arc::clone(&c), run), usize::MAX);
         let e = IoFuture::new(c, ()).wait().unwrap_err();
         assert!(e.to_string().contains("task 3 fails"), "{e}");
         assert!(
@@ -522,5 +548,55 @@ mod tests {
         );
         let s = pool.stats();
         assert_eq!(s.queued, 0, "cancelled tasks left the queue");
+    }
+
+    #[test]
+    fn a_capped_request_never_runs_more_tasks_at_once_and_others_still_run() {
+        let pool = DevicePool::new("test-capped".into(), 4);
+        let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (n2, p2) = (Arc::clone(&now), Arc::clone(&peak));
+        let run: Box<TaskFn> = Box::new(move |_, _| {
+            let cur = n2.fetch_add(1, Ordering::SeqCst) + 1;
+            p2.fetch_max(cur, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(2));
+            n2.fetch_sub(1, Ordering::SeqCst);
+            Ok(1)
+        });
+        let capped = Completion::new(0, 40, 40);
+        let mut r = req(tasks(40), Arc::clone(&capped), run);
+        r.max_active = 2;
+        pool.submit(r, usize::MAX);
+        // An uncapped request queued behind it gets the other threads meanwhile.
+        let other = Completion::new(0, 8, 8);
+        pool.submit(req(tasks(8), Arc::clone(&other), sleepy(2)), usize::MAX);
+        let other_fut = IoFuture::new(other, ());
+        assert_eq!(other_fut.wait().unwrap(), 8);
+        let capped_fut = IoFuture::new(capped, ());
+        assert!(
+            !capped_fut.is_done(),
+            "the uncapped request waited for the capped one"
+        );
+        assert_eq!(capped_fut.wait().unwrap(), 40);
+        assert_eq!(peak.load(Ordering::SeqCst), 2, "cap of 2 in flight");
+    }
+
+    #[test]
+    fn a_pool_resized_down_ends_its_surplus_threads() {
+        let pool = DevicePool::new("test-shrink".into(), 4);
+        let c = Completion::new(0, 16, 16);
+        pool.submit(req(tasks(16), Arc::clone(&c), sleepy(2)), usize::MAX);
+        assert_eq!(IoFuture::new(c, ()).wait().unwrap(), 16);
+        assert_eq!(pool.stats().threads, 4);
+        pool.max_threads.store(1, Ordering::Relaxed);
+        pool.ready.notify_all();
+        let t0 = std::time::Instant::now();
+        while pool.stats().threads > 1 && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(pool.stats().threads, 1);
+        // The one left still works.
+        let c = Completion::new(0, 4, 4);
+        pool.submit(req(tasks(4), Arc::clone(&c), sleepy(1)), usize::MAX);
+        assert_eq!(IoFuture::new(c, ()).wait().unwrap(), 4);
     }
 }
