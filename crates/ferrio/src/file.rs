@@ -663,7 +663,7 @@ impl File {
             Request {
                 tasks,
                 completion: Arc::clone(&completion),
-                direction: direction,
+                direction,
                 inline_ok: false,
                 max_active: self.cap_for(direction),
                 run,
