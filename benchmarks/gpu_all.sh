@@ -3,7 +3,8 @@
 # wheels, the Rust and Python GPU tests, the memory-pool tests and benchmarks, the file -> GPU
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
-#   bash benchmarks/gpu_all.sh [quick]
+#   bash benchmarks/gpu_all.sh [STEP...]   steps: tests memory sweep compare multidrive
+#   (default: tests memory compare multidrive)
 set -uo pipefail
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-out}; mkdir -p "$OUT"
@@ -11,6 +12,8 @@ LOGS=$(mktemp -d /tmp/ferrio-gpu-logs.XXXXXX)
 trap 'tar czf "$OUT/gpu-logs.tgz" -C "$LOGS" . ; cp "$LOGS/summary.txt" "$OUT/" 2>/dev/null' EXIT
 S=$LOGS/summary.txt
 step() { echo "== $* ($(date +%T))" | tee -a "$S"; }
+STEPS=" ${*:-tests memory compare multidrive} "
+want() { [[ $STEPS == *" $1 "* ]]; }
 
 step install
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/wheels/*.whl .carry/peers/*.whl \
@@ -18,6 +21,7 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/wheels/
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; free -g | head -2; df -h /root | tail -1; } >>"$S" 2>&1
 
+if want tests; then
 step rust-gpu-tests
 ( cd /tmp && timeout 300 "$ROOT/.carry/bin/ferrio-tests" --test-threads=4 ) >"$LOGS/rust-tests.log" 2>&1
 tail -3 "$LOGS/rust-tests.log" | tee -a "$S"; grep -c "skipped: CUDA" "$LOGS/rust-tests.log" | sed 's/^/skipped-cuda: /' | tee -a "$S"
@@ -26,21 +30,36 @@ grep -E "^test .*FAILED|panicked" "$LOGS/rust-tests.log" | head -20 | tee -a "$S
 step python-tests
 timeout 300 python3 -m pytest -q -p no:cacheprovider -x python/tests >"$LOGS/pytest.log" 2>&1
 tail -5 "$LOGS/pytest.log" | tee -a "$S"
+fi
 
+if want memory; then
 step memory-pool
 OUT=$LOGS/memory timeout 300 bash benchmarks/memory_pool/run_gpu.sh >"$LOGS/memory-run.log" 2>&1
 tail -5 "$LOGS/memory-run.log" | tee -a "$S"
+fi
 
+if want sweep; then
+step gpu-sweep
+"$ROOT/.carry/bin/ferrio" write /root/ferrio-sweep.bin --size 4GiB >>"$S" 2>&1
+timeout 300 python3 benchmarks/gpu_sweep.py /root/ferrio-sweep.bin --json "$LOGS/gpu_sweep.json" \
+  >"$LOGS/gpu_sweep.log" 2>&1
+cat "$LOGS/gpu_sweep.log" >>"$S"; rm -f /root/ferrio-sweep.bin
+fi
+
+if want compare; then
 step gpu-compare
 cd /root
-if [ "${1:-}" = quick ]; then ARGS="--size-gib 2 --rounds 1"; else ARGS="--size-gib 8 --rounds 3 --sweep"; fi
+ARGS="--size-gib 8 --rounds 3"
 timeout 330 python3 "$ROOT/benchmarks/gpu_compare.py" $ARGS --json "$LOGS/gpu_compare.json" \
   >"$LOGS/gpu_compare.log" 2>&1
 sed -n '/^medians/,$p' "$LOGS/gpu_compare.log" | tee -a "$S"; tail -3 "$LOGS/gpu_compare.log" >>"$S"
 cd "$ROOT"
+fi
 
+if want multidrive; then
 step multi-drive-gpu
 FERRIO=$ROOT/.carry/bin/ferrio timeout 240 bash benchmarks/multi_drive.sh -n 4 -b 256 -s 1G -r 2 -g \
   >"$LOGS/multi_drive.log" 2>&1
 tail -8 "$LOGS/multi_drive.log" | tee -a "$S"
+fi
 step done
