@@ -132,8 +132,8 @@ def main() -> int:
         r = json.loads(p.stdout.strip().splitlines()[-1])
         r.update(engine=engine, mode=mode, settings=env)
         results.append(r)
-        print(f"{mode:5s} {engine:7s} {r['gib_per_s']:7.2f} GiB/s {r['cpu_s_per_gib']:6.3f} CPU s/GiB"
-              f"  {label}", flush=True)
+        rate, cpu_s = r["gib_per_s"], r["cpu_s_per_gib"]
+        print(f"{mode:5s} {engine:7s} {rate:7.2f} GiB/s {cpu_s:6.3f} CPU s/GiB  {label}", flush=True)
 
     run("kvikio", "hot", {}, 3)
     for env in HOT:
