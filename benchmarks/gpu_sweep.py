@@ -133,7 +133,8 @@ def main() -> int:
         r.update(engine=engine, mode=mode, settings=env)
         results.append(r)
         rate, cpu_s = r["gib_per_s"], r["cpu_s_per_gib"]
-        print(f"{mode:5s} {engine:7s} {rate:7.2f} GiB/s {cpu_s:6.3f} CPU s/GiB  {label}", flush=True)
+        line = f"{mode:5s} {engine:7s} {rate:7.2f} GiB/s {cpu_s:6.3f} CPU s/GiB  {label}"
+        print(line, flush=True)
 
     run("kvikio", "hot", {}, 3)
     for env in HOT:
