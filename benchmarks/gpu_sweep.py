@@ -21,14 +21,20 @@ from typing import Any
 GIB = 1 << 30
 
 HOT = [
-    {"FERRIO_THREADS_PER_DEVICE": str(t), "FERRIO_BOUNCE_BUFFER_SIZE": size,
-     "FERRIO_BOUNCE_BUFFERS": str(k)}
+    {
+        "FERRIO_THREADS_PER_DEVICE": str(t),
+        "FERRIO_BOUNCE_BUFFER_SIZE": size,
+        "FERRIO_BOUNCE_BUFFERS": str(k),
+    }
     for t in (8, 16, 24)
     for size, k in (("1MiB", 4), ("2MiB", 2), ("2MiB", 4), ("4MiB", 2), ("4MiB", 4), ("8MiB", 2))
 ]
 COLD = [
-    {"FERRIO_THREADS_PER_DEVICE": str(t), "FERRIO_BOUNCE_BUFFER_SIZE": size,
-     "FERRIO_BOUNCE_BUFFERS": str(k)}
+    {
+        "FERRIO_THREADS_PER_DEVICE": str(t),
+        "FERRIO_BOUNCE_BUFFER_SIZE": size,
+        "FERRIO_BOUNCE_BUFFERS": str(k),
+    }
     for t in (4, 8, 16)
     for size, k in (("2MiB", 4), ("4MiB", 4))
 ]
@@ -102,8 +108,11 @@ def one(engine: str, mode: str, path: str, reps: int) -> dict[str, Any]:
         cpus.append(c / (size / GIB))
     if os.path.exists(out):
         os.unlink(out)
-    return {"gib_per_s": statistics.median(rates), "cpu_s_per_gib": statistics.median(cpus),
-            "all": rates}
+    return {
+        "gib_per_s": statistics.median(rates),
+        "cpu_s_per_gib": statistics.median(cpus),
+        "all": rates,
+    }
 
 
 def main() -> int:
@@ -123,8 +132,13 @@ def main() -> int:
         full = {**os.environ, **env}
         if engine == "kvikio":
             full["KVIKIO_NTHREADS"] = "16"
-        p = subprocess.run([sys.executable, __file__, args.path, "--child", engine, mode,
-                            str(reps)], env=full, capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [sys.executable, __file__, args.path, "--child", engine, mode, str(reps)],
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         label = " ".join(f"{k.removeprefix('FERRIO_').lower()}={v}" for k, v in env.items())
         if p.returncode != 0:
             print(f"{engine} {mode} {label}: FAILED {p.stderr.strip()[-300:]}", flush=True)
