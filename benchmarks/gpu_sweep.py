@@ -29,6 +29,17 @@ HOT = [
     for t in (8, 16, 24)
     for size, k in (("1MiB", 4), ("2MiB", 2), ("2MiB", 4), ("4MiB", 2), ("4MiB", 4), ("8MiB", 2))
 ]
+HOT += [
+    {
+        "FERRIO_THREADS_PER_DEVICE": str(t),
+        "FERRIO_BOUNCE_BUFFER_SIZE": size,
+        "FERRIO_BOUNCE_BUFFERS": str(k),
+        "FERRIO_TASK_SIZE": task,
+    }
+    for t in (16, 24)
+    for size, k in (("2MiB", 4), ("4MiB", 4))
+    for task in ("64MiB", "256MiB")
+]
 COLD = [
     {
         "FERRIO_THREADS_PER_DEVICE": str(t),
@@ -37,7 +48,7 @@ COLD = [
     }
     for t in (4, 8, 16)
     for size, k in (("2MiB", 4), ("4MiB", 4))
-]
+] + [{"FERRIO_THREADS_PER_DEVICE": str(t), "FERRIO_TASK_SIZE": "64MiB"} for t in (8, 16)]
 
 
 def cpu() -> float:
