@@ -539,6 +539,32 @@ impl File {
         Ok(completion)
     }
 
+    /// Runs `run` on this file's pool for every task of `[offset, offset+len)` (split as a read
+    /// or write of that range would be), counted as `direction`: for work that is not a read or
+    /// write through memory, such as `copy_file_range`. `run` returns the bytes it moved.
+    pub(crate) fn submit_tasks(
+        &self,
+        offset: u64,
+        len: usize,
+        direction: Direction,
+        run: Box<pool::TaskFn>,
+    ) -> IoFuture {
+        let tasks = match self.plan(offset, len) {
+            Ok(tasks) => tasks,
+            Err(e) => return IoFuture::failed(e, ()),
+        };
+        let completion = Completion::new(offset, len, tasks.len());
+        self.inner.pool.submit(
+            tasks,
+            Arc::clone(&completion),
+            direction,
+            true,
+            self.inner.thread_cap,
+            run,
+        );
+        IoFuture::new(completion, ())
+    }
+
     fn fd(&self) -> BorrowedFd<'_> {
         self.inner.fd.as_fd()
     }

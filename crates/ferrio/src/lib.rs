@@ -20,6 +20,7 @@
 pub mod blockdev;
 mod buffer;
 pub mod config;
+pub mod copy;
 pub mod direct;
 pub mod error;
 mod file;
@@ -30,6 +31,7 @@ pub mod sys;
 
 pub use buffer::{IoBuf, IoBufMut};
 pub use config::{DirectMode, Settings};
+pub use copy::{copy, CopyMethod, CopyOptions, CopyProgress, CopyReport};
 pub use direct::DirectSupport;
 pub use error::{Error, Op, Result};
 pub use file::{stats, File, Mode, OpenOptions};
