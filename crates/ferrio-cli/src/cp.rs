@@ -6,6 +6,7 @@
 //! the other files are copied), 130 after Ctrl-C (no partial file is left).
 
 use std::path::PathBuf;
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use ferrio::copy::{CopyMethod, CopyOptions, CopyProgress, CopyReport};
 use serde_json::json;
 
 use crate::progress::Progress;
-use crate::{gibps, interrupted, out, Interrupted, IoFlags, UsageError};
+use crate::{gibps, interrupted, out, parse_size, Interrupted, IoFlags, UsageError};
 
 #[derive(clap::Args, Debug)]
 #[command(override_usage = "ferrio cp [OPTIONS] SRC... DST")]
@@ -43,6 +44,12 @@ pub(crate) struct Args {
     /// Files copied at once [default: 4, or 2 per device pair over more than two]
     #[arg(long)]
     files: Option<usize>,
+    /// Bytes per pipeline window of a file, e.g. 8MiB [default: twice the task size]
+    #[arg(long, value_parser = parse_size)]
+    window: Option<u64>,
+    /// Windows in flight per file (being read or written) [default: 4]
+    #[arg(long)]
+    windows: Option<usize>,
     #[command(flatten)]
     io: IoFlags,
 }
@@ -74,10 +81,28 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     if let Some(n) = a.files {
         opts = opts.parallel_files(n);
     }
+    if let Some(n) = a.window {
+        opts = opts.window_bytes(n);
+    }
+    if let Some(n) = a.windows {
+        opts = opts.windows_in_flight(n);
+    }
     let mut bar = Progress::new("cp", 0, a.io.json);
     let result = std::thread::scope(|s| {
-        let copier = s.spawn(|| ferrio::copy(sources, dest, &opts));
-        while !copier.is_finished() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let opts = &opts;
+        s.spawn(move || {
+            // The receiver lives until this scope ends; a failed send has no one to tell.
+            let _ = done_tx.send(ferrio::copy(sources, dest, opts));
+        });
+        loop {
+            match done_rx.recv_timeout(TICK) {
+                Ok(result) => break result,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    break Err(ferrio::Error::InvalidArgument("the copy panicked".into()))
+                }
+            }
             if interrupted() {
                 progress.cancel();
             }
@@ -88,11 +113,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
                 progress.files_total()
             ));
             bar.set(progress.bytes_done());
-            std::thread::sleep(TICK);
         }
-        copier
-            .join()
-            .unwrap_or_else(|_| Err(ferrio::Error::InvalidArgument("copy panicked".into())))
     });
     drop(bar);
     let report = result?;
