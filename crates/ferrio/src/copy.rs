@@ -357,6 +357,16 @@ impl CopyReport {
 ///
 /// Errors before anything is copied (a missing source, a bad destination) are returned as
 /// `Err`; errors of single files are listed in the report and the copy goes on.
+///
+/// ```no_run
+/// # fn main() -> ferrio::Result<()> {
+/// use ferrio::copy::{copy, CopyOptions};
+/// let options = CopyOptions::new().recursive(true).preserve(true);
+/// let report = copy(["/data/checkpoints"], "/mnt/backup", &options)?;
+/// report.check()?; // the first failed file, if any
+/// println!("{} files, {} bytes in {:.1} s", report.files, report.bytes, report.seconds);
+/// # Ok(()) }
+/// ```
 pub fn copy<I, P>(sources: I, dest: impl AsRef<Path>, options: &CopyOptions) -> Result<CopyReport>
 where
     I: IntoIterator<Item = P>,
