@@ -35,7 +35,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::fs::{self, Metadata};
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -1168,67 +1168,80 @@ impl Copier<'_> {
         result
     }
 
-    /// Copies the extents with `copy_file_range`, each window as tasks on the destination's
-    /// pool (source and destination share it: one file system). Returns the bytes moved.
+    /// Copies the extents with `copy_file_range` as tasks on the destination's pool (source and
+    /// destination share it: one file system). Returns the bytes moved.
+    ///
+    /// The data is cut into up to `depth` contiguous segments, copied at once, each one window
+    /// after the other through its own open file description of the source. The kernel copies
+    /// through the page cache, whose readahead state belongs to the file description: one
+    /// sequential reader per description keeps readahead running ahead of each segment, while
+    /// windows of one description taken by several threads out of order would defeat it.
     fn copy_cfr(&self, src: &File, out: &File, dst: &Path, extents: &[(u64, u64)]) -> Result<u64> {
-        let mut in_flight: VecDeque<(u64, u64, IoFuture)> = VecDeque::new();
-        let mut moved = 0u64;
-        let mut wait_front = |q: &mut VecDeque<(u64, u64, IoFuture)>| -> Result<()> {
-            let Some((off, len, f)) = q.pop_front() else {
-                return Ok(());
-            };
-            while !f.wait_timeout(CANCEL_POLL) {
-                if self.cancelled() {
-                    f.cancel();
-                }
-            }
-            let n = f.wait()? as u64;
-            moved += n;
-            if n < len {
-                return Err(shrank(src.path(), off + n));
-            }
-            Ok(())
-        };
-        let mut result = Ok(());
-        for (off, len) in windows(extents, self.window as u64) {
-            if self.cancelled() {
-                result = Err(Error::Cancelled);
-                break;
-            }
-            let (s, o) = (src.clone(), out.clone());
+        let all: Vec<(u64, usize)> = windows(extents, self.window as u64).collect();
+        let data: u64 = all.iter().map(|&(_, len)| len as u64).sum();
+        let k = usize::try_from(data / CFR_SEGMENT_MIN)
+            .unwrap_or(usize::MAX)
+            .clamp(1, self.depth.max(1))
+            .min(all.len().max(1));
+        let segments: Vec<&[(u64, usize)]> = all.chunks(all.len().div_ceil(k).max(1)).collect();
+        let readers = segment_readers(src, segments.len());
+        // One task per window: a window is one sequential call.
+        let out = out.with_task_size(self.window as u64);
+        let submit = |seg: usize, (off, len): (u64, usize)| -> IoFuture {
+            let reader = Arc::clone(&readers[seg]);
+            let o = out.clone();
             let progress = Arc::clone(&self.progress);
             let dst = dst.to_path_buf();
             let run = Box::new(move |_: &mut crate::pool::Worker, t: &crate::plan::Task| {
                 if progress.is_cancelled() {
                     return Err(Error::Cancelled);
                 }
-                let n =
-                    sys::copy_file_range(s.as_fd(), t.offset, o.as_fd(), t.offset, t.len as u64)
-                        .map_err(|e| Error::io(Op::Copy, &dst, t.offset, t.len as u64, e))?;
+                let fd = reader.as_fd();
+                let n = sys::copy_file_range(fd, t.offset, o.as_fd(), t.offset, t.len as u64)
+                    .map_err(|e| Error::io(Op::Copy, &dst, t.offset, t.len as u64, e))?;
                 progress.add_bytes(n);
                 Ok(n as usize)
             });
-            in_flight.push_back((
-                off,
-                len as u64,
-                out.submit_tasks(off, len, Direction::Write, run),
-            ));
-            if in_flight.len() >= self.depth {
-                if let Err(e) = wait_front(&mut in_flight) {
-                    result = Err(e);
-                    break;
+            out.submit_tasks(off, len, Direction::Write, run)
+        };
+        let mut next = vec![0usize; segments.len()];
+        let mut in_flight: VecDeque<(usize, u64, u64, IoFuture)> = VecDeque::new();
+        for (seg, windows) in segments.iter().enumerate() {
+            if let Some(&w) = windows.first() {
+                in_flight.push_back((seg, w.0, w.1 as u64, submit(seg, w)));
+                next[seg] = 1;
+            }
+        }
+        let mut moved = 0u64;
+        let mut result = Ok(());
+        while let Some((seg, off, len, f)) = in_flight.pop_front() {
+            while !f.wait_timeout(CANCEL_POLL) {
+                if self.cancelled() {
+                    f.cancel();
                 }
             }
-        }
-        if result.is_err() {
-            for (_, _, f) in &in_flight {
-                f.cancel();
+            let outcome = f.wait().and_then(|n| {
+                moved += n as u64;
+                if (n as u64) < len {
+                    Err(shrank(src.path(), off + n as u64))
+                } else {
+                    Ok(())
+                }
+            });
+            if let Err(e) = outcome {
+                if result.is_ok() {
+                    result = Err(e);
+                    for (_, _, _, f) in &in_flight {
+                        f.cancel();
+                    }
+                }
+                continue;
             }
-        }
-        while !in_flight.is_empty() {
-            let r = wait_front(&mut in_flight);
             if result.is_ok() {
-                result = r;
+                if let Some(&w) = segments[seg].get(next[seg]) {
+                    next[seg] += 1;
+                    in_flight.push_back((seg, w.0, w.1 as u64, submit(seg, w)));
+                }
             }
         }
         result.map(|()| moved)
@@ -1247,6 +1260,25 @@ struct FileDone {
     verified: bool,
     src_pool: String,
     dst_pool: String,
+}
+
+/// Bytes of data per `copy_file_range` segment of one file, at least (smaller files are one
+/// sequential stream).
+const CFR_SEGMENT_MIN: u64 = 64 << 20;
+
+/// `n` descriptors to read the source through: the source's own for the first, fresh opens of
+/// the same open file (through `/proc/self/fd`, so no other file can take its place) for the
+/// others, each with its own readahead state. Where `/proc` is missing they share the source's.
+fn segment_readers(src: &File, n: usize) -> Vec<Arc<dyn AsFd + Send + Sync>> {
+    let mut readers: Vec<Arc<dyn AsFd + Send + Sync>> = vec![Arc::new(src.clone())];
+    let again = PathBuf::from(format!("/proc/self/fd/{}", src.as_raw_fd()));
+    for _ in 1..n {
+        match sys::open(&again, libc::O_RDONLY, 0) {
+            Ok(fd) => readers.push(Arc::new(fd)),
+            Err(_) => readers.push(Arc::new(src.clone())),
+        }
+    }
+    readers
 }
 
 /// How often a thread waiting on I/O looks at the cancel switch.

@@ -256,6 +256,24 @@ fn large_files_by_every_method() {
 }
 
 #[test]
+fn a_big_file_is_copied_in_parallel_segments() {
+    // 160 MiB of data: copy_file_range copies it as two sequential segments at once.
+    let d = disk_dir();
+    let size = (160 << 20) + 4097;
+    let src = make_file(d.path(), "big", &data(size, 12));
+    for method in [CopyMethod::CopyFileRange, CopyMethod::ReadWrite] {
+        let dst = d.path().join(format!("copy-{method}"));
+        let r = copy([&src], &dst, &CopyOptions::new().method(method)).unwrap();
+        r.check().unwrap();
+        assert_eq!(r.bytes, size as u64);
+        if method == CopyMethod::CopyFileRange {
+            assert!(r.bytes_copy_file_range == r.bytes || r.bytes_copy_file_range == 0);
+        }
+        assert!(fs::read(&dst).unwrap() == data(size, 12), "{method}");
+    }
+}
+
+#[test]
 fn sparse_files_stay_sparse() {
     let d = disk_dir();
     let src = d.path().join("sparse");
