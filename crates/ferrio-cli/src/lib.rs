@@ -6,6 +6,7 @@
 //! Ctrl-C. Errors are one line on stderr, never a panic or a backtrace.
 
 mod bench;
+mod cp;
 mod info;
 mod progress;
 mod read;
@@ -34,6 +35,8 @@ enum Command {
     Write(write::Args),
     /// Measure write, cold read and hot read on a temporary file (the main job).
     Bench(bench::Args),
+    /// Copy files and directory trees, in parallel across files and devices.
+    Cp(cp::Args),
     /// Show what ferrio knows about a file: file system, device, direct I/O, page cache.
     Info(info::Args),
 }
@@ -100,6 +103,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Command::Write(a) => write::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Info(a) => info::run(a),
+        Command::Cp(a) => cp::run(a),
     };
     match result {
         Ok(()) => 0,

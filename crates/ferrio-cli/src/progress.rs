@@ -27,6 +27,22 @@ impl Progress {
         }
     }
 
+    /// Changes the total, for work whose size is known only once it has started.
+    pub(crate) fn set_total(&mut self, total: u64) {
+        self.total = total;
+        if let Some(bar) = &self.bar {
+            bar.set_length(total);
+        }
+    }
+
+    /// Changes the text before the bar (a file count, say).
+    pub(crate) fn set_label(&mut self, label: String) {
+        if let Some(bar) = &self.bar {
+            bar.set_message(label.clone());
+        }
+        self.label = label;
+    }
+
     /// Reports `done` bytes so far.
     pub(crate) fn set(&mut self, done: u64) {
         if !self.enabled {

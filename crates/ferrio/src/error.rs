@@ -121,6 +121,18 @@ pub enum Error {
     /// A memory pool could not satisfy a request.
     #[error("out of memory: {0}")]
     OutOfMemory(String),
+    /// A call on a path that moves no file bytes failed: creating a directory or a temporary
+    /// file, renaming, reading a symlink, setting permissions or times.
+    #[error("{action} {path}: {source}")]
+    Fs {
+        /// What was being done, as a verb phrase ("create directory", "rename into place").
+        action: &'static str,
+        /// The path acted on.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// The library's result type.
@@ -147,7 +159,9 @@ impl Error {
     /// The OS error behind this error, if there is one.
     pub fn os_error(&self) -> Option<&io::Error> {
         match self {
-            Error::Io { source, .. } | Error::Open { source, .. } => Some(source),
+            Error::Io { source, .. } | Error::Open { source, .. } | Error::Fs { source, .. } => {
+                Some(source)
+            }
             _ => None,
         }
     }
@@ -155,9 +169,10 @@ impl Error {
     /// The path this error is about, if there is one.
     pub fn path(&self) -> Option<&std::path::Path> {
         match self {
-            Error::Io { path, .. } | Error::Open { path, .. } | Error::BadMode { path, .. } => {
-                Some(path)
-            }
+            Error::Io { path, .. }
+            | Error::Open { path, .. }
+            | Error::BadMode { path, .. }
+            | Error::Fs { path, .. } => Some(path),
             _ => None,
         }
     }
@@ -222,6 +237,15 @@ impl Clone for Error {
                 message: message.clone(),
             },
             Error::OutOfMemory(m) => Error::OutOfMemory(m.clone()),
+            Error::Fs {
+                action,
+                path,
+                source,
+            } => Error::Fs {
+                action,
+                path: path.clone(),
+                source: clone_io(source),
+            },
         }
     }
 }
@@ -229,7 +253,9 @@ impl Clone for Error {
 impl From<Error> for io::Error {
     fn from(e: Error) -> Self {
         let kind = match &e {
-            Error::Io { source, .. } | Error::Open { source, .. } => source.kind(),
+            Error::Io { source, .. } | Error::Open { source, .. } | Error::Fs { source, .. } => {
+                source.kind()
+            }
             Error::InvalidSetting { .. } | Error::InvalidArgument(_) => io::ErrorKind::InvalidInput,
             Error::BadMode { .. } => io::ErrorKind::PermissionDenied,
             Error::Cancelled => io::ErrorKind::Interrupted,

@@ -708,6 +708,35 @@ impl File {
         start
     }
 
+    /// Runs `run` on this file's pool for every task of `[offset, offset+len)` (split as a read
+    /// or write of that range would be), counted as `direction`: for work that is not a read or
+    /// write through memory, such as `copy_file_range`. `run` returns the bytes it moved.
+    pub(crate) fn submit_tasks(
+        &self,
+        offset: u64,
+        len: usize,
+        direction: Direction,
+        run: Box<pool::TaskFn>,
+    ) -> IoFuture {
+        let tasks = match self.plan(offset, len) {
+            Ok(tasks) => tasks,
+            Err(e) => return IoFuture::failed(e, ()),
+        };
+        let completion = Completion::new(offset, len, tasks.len());
+        self.inner.pool.submit(
+            Request {
+                tasks,
+                completion: Arc::clone(&completion),
+                direction,
+                inline_ok: true,
+                max_active: usize::MAX,
+                run,
+            },
+            self.inner.settings.max_threads,
+        );
+        IoFuture::new(completion, ())
+    }
+
     fn fd(&self) -> BorrowedFd<'_> {
         self.inner.fd.as_fd()
     }

@@ -21,6 +21,7 @@ pub mod blockdev;
 pub mod bounce;
 mod buffer;
 pub mod config;
+pub mod copy;
 pub mod cuda;
 pub mod direct;
 pub mod error;
@@ -33,6 +34,7 @@ pub mod sys;
 
 pub use buffer::{IoBuf, IoBufMut};
 pub use config::{DirectMode, Settings};
+pub use copy::{copy, CopyMethod, CopyOptions, CopyProgress, CopyReport};
 pub use direct::DirectSupport;
 pub use error::{Error, Op, Result};
 pub use file::{stats, File, Mode, OpenOptions};

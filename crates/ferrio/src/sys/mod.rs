@@ -4,9 +4,13 @@
 //! fadvise, mincore) and aligned allocations. Nothing here knows about tasks, pools or settings.
 
 mod aligned;
+mod copy;
 pub(crate) mod statfs;
 
 pub use aligned::AlignedBuf;
+pub use copy::{
+    copy_file_range, copy_unsupported, futimens, lutimens, seek_data, seek_hole, umask, Timestamp,
+};
 
 use std::ffi::CString;
 use std::io;

@@ -1,4 +1,5 @@
 mod common;
+mod copy;
 mod direct;
 mod engine;
 mod errors;

@@ -1,0 +1,329 @@
+//! `ferrio cp` as a user runs it: trees, JSON summary, exit codes, Ctrl-C and a full disk.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn ferrio() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferrio"))
+}
+
+fn run(args: &[&Path]) -> Output {
+    ferrio().args(args).output().expect("run ferrio")
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Pseudo-random bytes: a 1 MiB random-looking block repeated, each copy stamped with its index.
+fn bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut block = vec![0u8; (1 << 20).min(len.max(1))];
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for b in block.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = (x >> 24) as u8;
+    }
+    let mut out = Vec::with_capacity(len);
+    let mut i = 0u64;
+    while out.len() < len {
+        let n = (len - out.len()).min(block.len());
+        out.extend_from_slice(&block[..n]);
+        let stamp = i.to_le_bytes();
+        let at = out.len() - n;
+        let k = n.min(8);
+        out[at..at + k].copy_from_slice(&stamp[..k]);
+        i += 1;
+    }
+    out
+}
+
+/// Asserts that `b` is a copy of `a` (kinds, link targets, bytes, names).
+fn assert_same_tree(a: &Path, b: &Path) {
+    let (ma, mb) = (
+        fs::symlink_metadata(a).unwrap(),
+        fs::symlink_metadata(b).unwrap_or_else(|e| panic!("{}: {e}", b.display())),
+    );
+    assert_eq!(ma.file_type(), mb.file_type(), "{}", b.display());
+    if ma.file_type().is_symlink() {
+        assert_eq!(fs::read_link(a).unwrap(), fs::read_link(b).unwrap());
+    } else if ma.is_file() {
+        assert!(
+            fs::read(a).unwrap() == fs::read(b).unwrap(),
+            "{}",
+            b.display()
+        );
+    } else {
+        let names = |d: &Path| {
+            let mut v: Vec<_> = fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(a), names(b), "{}", b.display());
+        for n in names(a) {
+            assert_same_tree(&a.join(&n), &b.join(&n));
+        }
+    }
+}
+
+fn temp_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().contains(".ferrio-") {
+            out.push(e.path());
+        }
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(temp_files(&e.path()));
+        }
+    }
+    out
+}
+
+#[test]
+fn cp_copies_a_tree_and_reports_json() {
+    let d = tmp();
+    let src = d.path().join("src");
+    fs::create_dir_all(src.join("a/b")).unwrap();
+    fs::write(src.join("a/b/big"), bytes(9 << 20, 1)).unwrap();
+    fs::write(src.join("empty"), b"").unwrap();
+    fs::write(src.join("sp ace ✓\nnl"), b"odd name").unwrap();
+    std::os::unix::fs::symlink("a/b/big", src.join("link")).unwrap();
+    let dst = d.path().join("dst");
+    let o = ferrio()
+        .args(["cp", "-r", "--json"])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["files"], 3);
+    assert_eq!(v["symlinks"], 1);
+    assert_eq!(v["bytes"], (9 << 20) + 8);
+    assert!(v["seconds"].as_f64().unwrap() > 0.0);
+    let devices = v["devices"].as_array().unwrap();
+    let read: u64 = devices
+        .iter()
+        .map(|d| d["bytes_read"].as_u64().unwrap())
+        .sum();
+    let written: u64 = devices
+        .iter()
+        .map(|d| d["bytes_written"].as_u64().unwrap())
+        .sum();
+    assert_eq!((read, written), ((9 << 20) + 8, (9 << 20) + 8));
+    assert!(devices[0]["pool"].as_str().is_some_and(|p| !p.is_empty()));
+    assert!(devices[0]["read_mib_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["errors"].as_array().unwrap().is_empty());
+    assert_same_tree(&src, &dst);
+
+    // Human output names the pools; -L copies what the link points to; --verify counts.
+    let dst2 = d.path().join("dst2");
+    let o = ferrio()
+        .args(["cp", "-r", "-L", "--verify"])
+        .arg(&src)
+        .arg(&dst2)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("copied 4 files")
+            && text.contains("4 verified")
+            && text.contains("read from"),
+        "{text}"
+    );
+    assert!(fs::symlink_metadata(dst2.join("link")).unwrap().is_file());
+    assert!(temp_files(d.path()).is_empty());
+}
+
+#[test]
+fn cp_usage_errors_exit_2_and_copy_nothing() {
+    let d = tmp();
+    let dir = d.path().join("dir");
+    fs::create_dir(&dir).unwrap();
+    let f = d.path().join("f");
+    fs::write(&f, b"x").unwrap();
+    let out = d.path().join("out");
+    let nope = d.path().join("nope");
+    for (args, needle) in [
+        (vec![dir.as_path(), out.as_path()], "recursive"),
+        (vec![nope.as_path(), out.as_path()], "nope"),
+        (vec![f.as_path(), dir.as_path(), f.as_path()], "directory"),
+    ] {
+        let mut full: Vec<&Path> = vec![Path::new("cp")];
+        full.extend(args);
+        let o = run(&full);
+        assert_eq!(o.status.code(), Some(2), "{full:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{}", stderr(&o));
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    }
+    assert!(!out.exists());
+    let o = run(&[Path::new("cp"), Path::new("only-one")]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn cp_preserve_keeps_mode_and_mtime() {
+    let d = tmp();
+    let f = d.path().join("f");
+    fs::write(&f, bytes(100_000, 2)).unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o604)).unwrap();
+    let when = std::time::UNIX_EPOCH + Duration::new(1_200_000_000, 987_654_321);
+    fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    let o = run(&[Path::new("cp"), Path::new("-p"), &f, &d.path().join("g")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = fs::metadata(d.path().join("g")).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o604);
+    assert_eq!((m.mtime(), m.mtime_nsec()), (1_200_000_000, 987_654_321));
+    assert_eq!(fs::read(d.path().join("g")).unwrap(), bytes(100_000, 2));
+}
+
+#[test]
+fn ctrl_c_during_cp_leaves_no_partial_file_and_exits_130() {
+    let d = tmp();
+    let src = d.path().join("big");
+    fs::write(&src, bytes(384 << 20, 3)).unwrap();
+    let out = d.path().join("out");
+    fs::create_dir(&out).unwrap();
+    fs::write(out.join("big"), b"old content").unwrap();
+    // Small tasks, one thread, read + write and a verify: slow enough to be caught mid-copy.
+    let mut child = ferrio()
+        .args([
+            "cp",
+            "--threads",
+            "1",
+            "--task-size",
+            "64KiB",
+            "--method",
+            "read-write",
+            "--verify",
+        ])
+        .arg(&src)
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while temp_files(&out).is_empty() && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(!temp_files(&out).is_empty(), "the copy never started");
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(temp_files(&out).is_empty(), "left {:?}", temp_files(&out));
+    assert_eq!(
+        fs::read(out.join("big")).unwrap(),
+        b"old content",
+        "the old destination is untouched"
+    );
+}
+
+/// A small ext4 file system on a loop device; unmounted and detached on drop.
+struct LoopFs {
+    dir: tempfile::TempDir,
+    dev: Option<String>,
+    mounted: bool,
+}
+
+impl LoopFs {
+    fn new(size_mib: u64) -> Result<LoopFs, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root (losetup, mount)".into());
+        }
+        let mut fs = LoopFs {
+            dir: tmp(),
+            dev: None,
+            mounted: false,
+        };
+        let img = fs.dir.path().join("fs.img");
+        let sh = |cmd: &mut Command| -> Result<String, String> {
+            let o = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+            if !o.status.success() {
+                return Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&o.stderr)));
+            }
+            Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        fs::File::create(&img)
+            .and_then(|f| f.set_len(size_mib << 20))
+            .map_err(|e| e.to_string())?;
+        sh(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(&img))?;
+        fs.dev = Some(sh(Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&img))?);
+        fs::create_dir(fs.mnt()).map_err(|e| e.to_string())?;
+        sh(Command::new("mount")
+            .arg(fs.dev.as_deref().unwrap_or_default())
+            .arg(fs.mnt()))?;
+        fs.mounted = true;
+        Ok(fs)
+    }
+
+    fn mnt(&self) -> PathBuf {
+        self.dir.path().join("mnt")
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        if self.mounted
+            && !Command::new("umount")
+                .arg(self.mnt())
+                .status()
+                .is_ok_and(|s| s.success())
+        {
+            let _ = Command::new("umount").arg("-l").arg(self.mnt()).status();
+        }
+        if let Some(dev) = &self.dev {
+            let _ = Command::new("losetup").args(["-d", dev]).status();
+        }
+    }
+}
+
+#[test]
+fn cp_onto_a_full_disk_exits_1_naming_the_destination() {
+    let lfs = match LoopFs::new(32) {
+        Ok(l) => l,
+        Err(why) => {
+            eprintln!("skipped: a loop file system: {why}");
+            return;
+        }
+    };
+    let mnt = lfs.mnt();
+    let keep = mnt.join("keep");
+    fs::write(&keep, b"old content").unwrap();
+    let src = lfs.dir.path().join("big");
+    fs::write(&src, bytes(48 << 20, 4)).unwrap();
+    let o = run(&[Path::new("cp"), &src, &keep]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("No space left") && err.contains("keep"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(fs::read(&keep).unwrap(), b"old content");
+    assert!(temp_files(&mnt).is_empty(), "left {:?}", temp_files(&mnt));
+}
