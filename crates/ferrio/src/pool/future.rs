@@ -26,7 +26,7 @@ struct State {
     short_at: u64,
     error: Option<Error>,
     skipped: bool,
-    /// Set once every task has reported.
+    /// Set once every task has reported and the callbacks registered by then have run.
     done: bool,
     callbacks: Vec<Callback>,
 }
@@ -104,16 +104,24 @@ impl Completion {
         if st.remaining > 0 {
             return;
         }
-        // Mark done and wake waiters first, then run the callbacks without the lock, so that a
-        // callback may ask for the result; later registrations see `done` and run at once.
+        // Run the callbacks (without the lock: they may call back in), then mark done and wake
+        // the waiters: once `wait` returns, every callback registered before has run. A
+        // callback registered while these run is picked up by the loop.
         let outcome = st.outcome(self.start, self.len);
+        loop {
+            let callbacks = std::mem::take(&mut st.callbacks);
+            if callbacks.is_empty() {
+                break;
+            }
+            drop(st);
+            for cb in callbacks {
+                cb(outcome.clone());
+            }
+            st = self.lock();
+        }
         st.done = true;
-        let callbacks = std::mem::take(&mut st.callbacks);
         drop(st);
         self.cv.notify_all();
-        for cb in callbacks {
-            cb(outcome.clone());
-        }
     }
 
     fn is_done(&self) -> bool {
@@ -227,7 +235,8 @@ impl<B> IoFuture<B> {
 
     /// Runs `f` with the outcome once the operation finishes: on the worker thread that finished
     /// the last task, or at once on this thread if it has already finished. `f` must not block
-    /// for long (it holds up that worker).
+    /// for long (it holds up that worker). [`IoFuture::wait`] returns only after the callbacks
+    /// registered before the operation finished have run.
     pub fn on_done(&self, f: impl FnOnce(Result<usize>) + Send + 'static) {
         self.completion.on_done(Box::new(f));
     }
