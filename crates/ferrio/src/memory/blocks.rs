@@ -183,10 +183,29 @@ impl FreeBlocks {
         Some(cut)
     }
 
-    /// Removes and returns the smallest block of at least `size` bytes (lowest address on ties).
-    pub fn take_best_fit(&mut self, size: usize) -> Option<FreeBlock> {
-        let &(_, addr) = self.by_size.range((size, 0)..).next()?;
-        self.remove(addr)
+    /// Cuts `size` bytes from the end of the free block at `addr` (which must hold at least
+    /// `size` bytes) and returns them; the front stays free with its `seq`.
+    pub fn carve(&mut self, addr: usize, size: usize) -> Option<FreeBlock> {
+        let found = self.by_addr.get(&addr)?.size;
+        if found < size {
+            return None;
+        }
+        if found == size {
+            return self.remove(addr);
+        }
+        let rest = found - size;
+        let entry = self.by_addr.get_mut(&addr)?;
+        entry.size = rest;
+        let cut = FreeBlock {
+            addr: addr + rest,
+            size,
+            chunk: entry.chunk,
+            seq: entry.seq,
+        };
+        self.by_size.remove(&(found, addr));
+        self.by_size.insert((rest, addr));
+        self.bytes -= size;
+        Some(cut)
     }
 
     /// The address of the smallest block of at least `size` bytes with `seq <= max_seq`,
@@ -197,11 +216,6 @@ impl FreeBlocks {
             .take(probes)
             .map(|&(_, addr)| addr)
             .find(|addr| self.by_addr.get(addr).is_some_and(|e| e.seq <= max_seq))
-    }
-
-    /// Removes and returns the block at `addr`.
-    pub fn take(&mut self, addr: usize) -> Option<FreeBlock> {
-        self.remove(addr)
     }
 
     /// The newest `seq` among the blocks (0 if none).
@@ -360,9 +374,11 @@ mod tests {
         f.insert(b(0, 512, 1, 1)).unwrap();
         f.insert(b(1024, 256, 1, 1)).unwrap();
         f.insert(b(2048, 256, 1, 1)).unwrap();
-        assert_eq!(f.take_best_fit(200), Some(b(1024, 256, 1, 1)));
-        assert_eq!(f.take_best_fit(300), Some(b(0, 512, 1, 1)));
-        assert_eq!(f.take_best_fit(300), None);
+        assert_eq!(f.carve_best_fit(256), Some(b(1024, 256, 1, 1)));
+        assert_eq!(f.carve_best_fit(300), Some(b(212, 300, 1, 1)));
+        assert_eq!(f.carve_best_fit(300), None);
+        assert_eq!(f.carve_best_fit(212), Some(b(0, 212, 1, 1)));
+        assert_eq!(f.carve_best_fit(1), Some(b(2303, 1, 1, 1)));
     }
 
     #[test]
@@ -376,8 +392,21 @@ mod tests {
             None,
             "probes bound the search"
         );
-        assert_eq!(f.take(1024), Some(b(1024, 512, 1, 2)));
+        assert_eq!(
+            f.carve(1024, 256),
+            Some(b(1280, 256, 1, 2)),
+            "cut from the end"
+        );
+        assert_eq!(f.carve(1024, 512), None, "only 256 bytes left there");
+        assert_eq!(f.carve(1000, 1), None, "no block at that address");
+        assert_eq!(
+            f.find_fit_before(100, 3, 8),
+            Some(1024),
+            "the front keeps its seq"
+        );
+        assert_eq!(f.carve(1024, 256), Some(b(1024, 256, 1, 2)));
         assert_eq!(f.find_fit_before(100, 3, 8), None);
+        assert_eq!(f.bytes(), 256);
         assert_eq!(f.newest_seq(), 5);
     }
 

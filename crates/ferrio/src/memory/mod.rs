@@ -41,17 +41,23 @@
 //!   assigns at creation or registration, never by the raw `CUstream` (which the driver reuses
 //!   after a stream is destroyed). [`PoolResource::detach_stream`] releases a stream's handle
 //!   before it is destroyed.
-//! - **When the own list has no fit**: steal *one* block from another stream, first one
-//!   already safe for everyone (fresh memory, or its stream's event has completed: no driver
-//!   call, or one `cuEventQuery`), else any, with a device wait; what is left of the stolen
-//!   block stays with the thief. Then grow from the upstream; only then gather every list into
-//!   the own list and coalesce, and if that still does not fit, return
-//!   [`Error::OutOfMemory`](crate::Error::OutOfMemory).
+//! - **Fresh memory has its own list.** The initial bytes and the rest of every grown chunk
+//!   go to a list no stream frees into, so no stream's frees ever merge into them (a merged
+//!   block carries its newest free's stamp and would make the next taker wait on the device).
+//! - **When the own list has no fit**: carve *only the bytes needed* from another list, the
+//!   fresh list first (no driver call), then a block already safe for everyone (its stream's
+//!   event has completed: one `cuEventQuery`), else any, with a device wait; the rest of the
+//!   block stays where it was, as safe as it was. (Taking the whole block made the H200's
+//!   multi-stream kernel scenario pass the whole pool from stream to stream, each hand-over
+//!   a device wait on the previous stream's kernel: 27% overlap against RMM's 103%.) Then
+//!   grow from the upstream; only then gather every list into the own list and coalesce, and
+//!   if that still does not fit, return [`Error::OutOfMemory`](crate::Error::OutOfMemory).
 //! - **Growth** reserves the bytes against the limit with a compare-and-swap, then calls the
-//!   upstream holding only the grow lock, which serializes growers: a thread that waited on it
-//!   looks again at the free lists when someone else grew meanwhile, so threads that miss at
-//!   the same moment take one chunk, not one each.
-//!
+//!   upstream holding only the grow lock, which serializes growers. The grower puts the rest
+//!   of its chunk in the fresh list and bumps a growth counter *before* letting the lock go;
+//!   a thread that finds the counter moved since it first looked looks again, so threads that
+//!   miss at the same moment take one chunk, not one each.
+
 //! # Lock order
 //!
 //! 0. the grow lock (`Mutex<()>`), then

@@ -359,6 +359,10 @@ pub struct PoolResource<U: Upstream, S: StreamOrder> {
     /// Lock 0: held by one grower at a time, across the upstream call, so that threads that
     /// miss at the same moment do not each take a chunk. Only growers wait on it.
     grow_lock: Mutex<()>,
+    /// Bumped, under the grow lock, once a grown chunk's rest is in the fresh list: a thread
+    /// that sees it unchanged since before it looked at the free lists knows that every
+    /// chunk grown so far was there to be found.
+    grown: AtomicU64,
     /// Bytes taken from (or being asked of) the upstream.
     pool_bytes: AtomicUsize,
     /// The sum of the streams' flushed in-use bytes (see [`STATS_SLACK_BYTES`]).
@@ -403,6 +407,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             chunk_gen: AtomicU64::new(1),
             next_chunk: AtomicU64::new(1),
             grow_lock: Mutex::new(()),
+            grown: AtomicU64::new(0),
             pool_bytes: AtomicUsize::new(0),
             in_use_flushed: AtomicIsize::new(0),
             in_use_retired: AtomicIsize::new(0),
@@ -472,8 +477,9 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         let Some(bytes) = self.rounded(size) else {
             return Err(self.out_of_memory(size, id, "the size overflows when aligned"));
         };
-        // A growth seen after this point is one this call might use instead of growing too.
-        let mut gen_seen = self.chunk_gen.load(Ordering::Acquire);
+        // A growth published after this point is one this call might use instead of growing
+        // too; one published before it is in the fresh list for `steal` to find.
+        let mut gen_seen = self.grown.load(Ordering::Acquire);
         let (own, why) = loop {
             let (own, hit) = self.with_own_list(id, stream, None, |_, st| {
                 let b = st.free.carve_best_fit(bytes)?;
@@ -488,15 +494,14 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                 return Ok(self.place(&own, b, bytes));
             }
             let grow_guard = lock(&self.grow_lock);
-            let gen_now = self.chunk_gen.load(Ordering::Acquire);
+            let gen_now = self.grown.load(Ordering::Acquire);
             if gen_now != gen_seen {
                 // Another thread grew the pool while this one looked: look again.
                 gen_seen = gen_now;
+                drop(grow_guard);
                 continue;
             }
-            let grown = self.grow(bytes);
-            drop(grow_guard);
-            match grown {
+            match self.grow(bytes) {
                 Ok(chunk) => {
                     let b = FreeBlock {
                         addr: chunk.addr,
@@ -504,7 +509,12 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                         chunk: chunk.id,
                         seq: SAFE_FOR_ALL,
                     };
-                    return Ok(self.place(&own, b, bytes));
+                    // The rest goes to the fresh list *before* the grow lock is let go and
+                    // `grown` bumped: a thread that waited on the lock finds it there.
+                    let block = self.place_grown(&own, b, bytes)?;
+                    self.grown.fetch_add(1, Ordering::Release);
+                    drop(grow_guard);
+                    return Ok(block);
                 }
                 Err(NoGrowth::Limit) => break (own, "the pool is at its limit".to_string()),
                 Err(NoGrowth::Upstream(e)) => {
@@ -698,6 +708,55 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         Block { addr, size: bytes }
     }
 
+    /// Hands out the last `bytes` of `b`, a chunk just grown, on `own` and puts the rest in
+    /// the fresh list, where every stream takes from it without ordering. Kept out of the
+    /// grower's own list so that the grower's frees never merge into it: a merged block would
+    /// carry the grower's `seq`, and the next stream to take from it would have to wait on
+    /// the device for the grower's work.
+    fn place_grown(&self, own: &StreamList<S>, b: FreeBlock, bytes: usize) -> Result<Block> {
+        let rest = b.size - bytes;
+        if rest > 0 {
+            self.add_fresh(FreeBlock { size: rest, ..b })?;
+        }
+        let mut st = own.lock();
+        self.handed_out(&mut st, bytes);
+        Ok(Block {
+            addr: b.addr + rest,
+            size: bytes,
+        })
+    }
+
+    /// Puts `b`, memory no stream has used, in the fresh list (made again if it was pruned).
+    fn add_fresh(&self, b: FreeBlock) -> Result<()> {
+        loop {
+            let found = read(&self.streams).get(&StreamId::FRESH).cloned();
+            let list = match found {
+                Some(list) => list,
+                None => {
+                    // Made before the map lock is taken (a driver call); dropped unused if
+                    // another thread made the list meanwhile.
+                    let event = self.order.create_event()?;
+                    let mut map = write(&self.streams);
+                    Arc::clone(map.entry(StreamId::FRESH).or_insert_with(|| {
+                        Arc::new(StreamList {
+                            id: StreamId::FRESH,
+                            event,
+                            counters: Counters::default(),
+                            state: Mutex::new(ListState::new(None)),
+                        })
+                    }))
+                }
+            };
+            let mut st = list.lock();
+            if st.removed {
+                continue;
+            }
+            let inserted = st.free.insert(b);
+            debug_assert!(inserted.is_ok(), "fresh memory overlaps: {inserted:?}");
+            return Ok(());
+        }
+    }
+
     /// Counts an allocation of `bytes` on the list `st`.
     fn handed_out(&self, st: &mut ListState<S>, bytes: usize) {
         st.allocations += 1;
@@ -808,10 +867,14 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         stream: &S::Stream,
         bytes: usize,
     ) -> Result<Option<FreeBlock>> {
-        let others = self.other_lists(own.id);
+        let mut others = self.other_lists(own.id);
+        // The fresh list first: its memory costs no driver call and no device wait.
+        let (mut order, rest): (Vec<_>, Vec<_>) =
+            others.drain(..).partition(|l| l.id == StreamId::FRESH);
         // Thieves start at different victims, so they do not all queue on the same list.
-        let start = (own.id.get() as usize) % others.len().max(1);
-        let others: Vec<_> = others[start..].iter().chain(&others[..start]).collect();
+        let start = (own.id.get() as usize) % rest.len().max(1);
+        order.extend(rest[start..].iter().chain(&rest[..start]).cloned());
+        let others: Vec<_> = order.iter().collect();
         // Pass 1: a block safe for every stream (never used, or its free is covered by a
         // completed event): no device wait, and what is left of it stays safe for everyone.
         // Fresh memory needs no driver call; the event is queried only if it would help.
@@ -830,7 +893,9 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                     at = candidate;
                 }
             }
-            let Some(mut b) = at.and_then(|addr| st.free.take(addr)) else {
+            // Only `bytes` of it: the rest stays where it is, safe as it was, instead of
+            // moving with the thief (where its frees would merge into it and make it unsafe).
+            let Some(mut b) = at.and_then(|addr| st.free.carve(addr, bytes)) else {
                 continue;
             };
             b.seq = SAFE_FOR_ALL;
@@ -848,7 +913,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             if st.removed {
                 continue;
             }
-            let Some(b) = st.free.take_best_fit(bytes) else {
+            let Some(b) = st.free.carve_best_fit(bytes) else {
                 continue;
             };
             if let Err(e) = self.order_after(&mut st, victim, own, stream, b.seq) {

@@ -92,6 +92,21 @@ fn emulated_threads_that_miss_together_grow_once() {
 }
 
 #[test]
+fn emulated_threads_that_miss_together_grow_once_stress() {
+    super::threads_that_miss_together_grow_once_stress(&emulated(), 200);
+}
+
+#[test]
+fn emulated_kernels_on_many_streams_never_wait_prewarmed() {
+    super::kernels_on_many_streams_never_wait(&emulated(), true);
+}
+
+#[test]
+fn emulated_kernels_on_many_streams_never_wait_cold() {
+    super::kernels_on_many_streams_never_wait(&emulated(), false);
+}
+
+#[test]
 fn emulated_stress() {
     for cfg in super::STRESS {
         super::stress(&emulated(), cfg);

@@ -216,9 +216,22 @@ pub fn out_of_memory_is_reported_and_recovered<B: Backend>(b: &B, kind: &str) {
 
 /// Threads that miss at the same moment take one upstream chunk between them.
 pub fn threads_that_miss_together_grow_once<B: Backend>(b: &Arc<B>) {
+    miss_together(b, 8);
+}
+
+/// [`threads_that_miss_together_grow_once`] again and again, with more threads than most
+/// machines have cores, so that a grower is often preempted between taking its chunk and
+/// publishing the rest of it (the race the H200's 16 cores hit with 8 threads).
+pub fn threads_that_miss_together_grow_once_stress<B: Backend>(b: &Arc<B>, rounds: usize) {
+    for _ in 0..rounds {
+        miss_together(b, 32);
+    }
+}
+
+fn miss_together<B: Backend>(b: &Arc<B>, threads: usize) {
     let pool = Arc::new(b.pool(PoolOptions::default().grow_bytes(8 << 20)));
-    let start = Arc::new(Barrier::new(8));
-    let handles: Vec<_> = (0..8)
+    let start = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
         .map(|_| {
             let (pool, start, stream) = (Arc::clone(&pool), Arc::clone(&start), b.stream());
             std::thread::spawn(move || {
@@ -238,6 +251,64 @@ pub fn threads_that_miss_together_grow_once<B: Backend>(b: &Arc<B>) {
             .expect("free");
     }
     assert_all_returned::<B>(&pool, &got[0].1);
+}
+
+/// The rapidsai/rmm#1887 scenario (`benchmarks/memory_pool/pool_bench.cpp`, "kernels"): one
+/// thread per stream, each allocating 1 MiB, putting work on it and freeing it, again and
+/// again, with the pool pre-warmed (`warm`) or empty. Every stream can reuse its own block
+/// after its first allocation, so no allocation may make one stream wait for another's work
+/// on the device (that is the loss of overlap), and each stream takes memory from elsewhere
+/// at most once.
+pub fn kernels_on_many_streams_never_wait<B: Backend>(b: &Arc<B>, warm: bool) {
+    const STREAMS: usize = 16;
+    const PER_STREAM: usize = 32;
+    const BYTES: usize = 1 << 20;
+    let initial = if warm { 256 << 20 } else { 0 };
+    let pool = Arc::new(
+        b.pool(
+            PoolOptions::default()
+                .initial_bytes(initial)
+                .grow_bytes(32 << 20),
+        ),
+    );
+    let streams: Vec<_> = (0..STREAMS).map(|_| b.stream()).collect();
+    // Two rounds, as the benchmark's pre-warmed case runs an untimed round first.
+    for round in 0..2u32 {
+        let start = Arc::new(Barrier::new(STREAMS));
+        let handles: Vec<_> = streams
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, s)| {
+                let (b, pool, start) = (Arc::clone(b), Arc::clone(&pool), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    for k in 0..PER_STREAM {
+                        let blk = pool.allocate(BYTES, &s).expect("allocate");
+                        b.write(&s, blk, (round << 24) | ((i as u32) << 8) | k as u32);
+                        pool.deallocate(blk.addr(), blk.size(), &s).expect("free");
+                    }
+                    s
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("thread");
+        }
+    }
+    let stats = pool.stats();
+    let waits: u64 = stats.streams.iter().map(|s| s.waits).sum();
+    let steals: u64 = stats.streams.iter().map(|s| s.steals).sum();
+    assert_eq!(
+        waits, 0,
+        "device waits between streams (warm {warm}): {stats:?}"
+    );
+    assert!(
+        steals <= STREAMS as u64,
+        "{steals} steals for {STREAMS} streams (warm {warm}): {stats:?}"
+    );
+    finish_clean(b.as_ref(), &streams);
+    assert_all_returned::<B>(&pool, &streams[0]);
 }
 
 /// Live blocks of all threads, by address, to catch overlapping blocks.
@@ -421,6 +492,10 @@ pub fn run_all<B: Backend>(b: &Arc<B>, kind: &str) {
     detached_stream_lends_its_blocks(b.as_ref());
     out_of_memory_is_reported_and_recovered(b.as_ref(), kind);
     threads_that_miss_together_grow_once(b);
+    threads_that_miss_together_grow_once_stress(b, 20);
+    for warm in [true, false] {
+        kernels_on_many_streams_never_wait(b, warm);
+    }
     for cfg in STRESS {
         stress(b, cfg);
     }
