@@ -99,10 +99,10 @@ impl Default for Settings {
             max_threads: 64,
             per_device_pools: true,
             direct_read: DirectMode::Auto,
-            direct_write: DirectMode::Off,
+            direct_write: DirectMode::Auto,
             direct_overread: false,
             bounce_buffer_size: 4 << 20,
-            bounce_buffers: 4,
+            bounce_buffers: 2,
             pinned_limit: 1 << 30,
         }
     }

@@ -109,13 +109,23 @@ pub(crate) fn read_direct(mode: DirectMode, fd: BorrowedFd<'_>, offset: u64, len
     }
 }
 
-/// Whether a write task should use `O_DIRECT` under `mode`: under `auto`, only when none of the
-/// range is cached (a direct write would have to flush and drop those pages).
-pub(crate) fn write_direct(mode: DirectMode, fd: BorrowedFd<'_>, offset: u64, len: usize) -> bool {
+/// Whether a write task should use `O_DIRECT` under `mode`. Under `auto`: only on a local file
+/// system (a block device under it: direct writes are known to hurt on network file systems),
+/// and only when none of the range is cached (a direct write would have to flush and drop
+/// those pages, and a reader of them would lose its cache).
+pub(crate) fn write_direct(
+    mode: DirectMode,
+    local: bool,
+    fd: BorrowedFd<'_>,
+    offset: u64,
+    len: usize,
+) -> bool {
     match mode {
         DirectMode::Off => false,
         DirectMode::On => true,
-        DirectMode::Auto => resident_share(fd, offset, len as u64).is_some_and(|s| s == 0.0),
+        DirectMode::Auto => {
+            local && resident_share(fd, offset, len as u64).is_some_and(|s| s == 0.0)
+        }
     }
 }
 

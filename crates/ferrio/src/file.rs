@@ -981,7 +981,13 @@ impl File {
     /// `src` must be valid for reads of `t.len` bytes.
     unsafe fn write_task(&self, w: &mut Worker, src: *const u8, t: &Task) -> Result<usize> {
         let direct = self.direct().filter(|_| {
-            direct::write_direct(self.choices.direct_write, self.fd(), t.offset, t.len)
+            direct::write_direct(
+                self.choices.direct_write,
+                self.inner.local,
+                self.fd(),
+                t.offset,
+                t.len,
+            )
         });
         let Some((_, _, align)) = direct else {
             // SAFETY: forwarded.
