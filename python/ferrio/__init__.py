@@ -33,6 +33,7 @@ from ferrio._native import (
     drop_system_cache,
     open,
     residency,
+    stats,
     wait,
 )
 
@@ -51,6 +52,7 @@ __all__ = [
     "fromfile",
     "open",
     "residency",
+    "stats",
     "wait",
 ]
 

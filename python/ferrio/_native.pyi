@@ -24,6 +24,7 @@ __all__ = [
     "env_error",
     "open",
     "residency",
+    "stats",
     "wait",
 ]
 
@@ -170,3 +171,10 @@ def env_error() -> str | None:
 
 def cli_main(argv: Sequence[str]) -> int:
     """Run the ferrio command line; return its exit code."""
+
+def stats() -> list[dict[str, Any]]:
+    """Statistics of every worker pool started so far, one dict per pool, sorted by key.
+
+    Keys: key, threads, max_threads, bytes_read, bytes_written, tasks, queued, busy_seconds,
+    bytes_direct, bytes_buffered.
+    """

@@ -98,3 +98,15 @@ def test_environment_variables_are_read_at_start() -> None:
         check=True,
     )
     assert out.stdout.split() == [str(1 << 20), "off"]
+
+
+def test_stats_show_the_pools_and_their_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "s.bin"
+    path.write_bytes(b"x" * (3 << 20))
+    with ferrio.open(path) as f:
+        f.read(bytearray(3 << 20))
+    pools = ferrio.stats()
+    assert pools, "reading made a pool"
+    for p in pools:
+        assert set(p) >= {"key", "threads", "max_threads", "bytes_read", "tasks", "busy_seconds"}
+    assert sum(p["bytes_read"] for p in pools) >= 3 << 20

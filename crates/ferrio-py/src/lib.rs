@@ -2,7 +2,7 @@
 //!
 //! One file per Python class (`file.rs`: `File`, `future.rs`: `IOFuture`, `pagecache.rs`:
 //! `Residency`), plus buffer validation (`buffer.rs`), the exception mapping (`errors.rs`),
-//! settings (`config.rs`), the console script (`cli.rs`) and the one helper that releases the
+//! settings (`config.rs`), pool statistics (`stats.rs`), the console script (`cli.rs`) and the one helper that releases the
 //! GIL (`gil.rs`).
 
 mod buffer;
@@ -13,6 +13,7 @@ mod file;
 mod future;
 mod gil;
 mod pagecache;
+mod stats;
 
 use pyo3::prelude::*;
 
@@ -42,5 +43,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config::config_describe, m)?)?;
     m.add_function(wrap_pyfunction!(config::env_error, m)?)?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::stats, m)?)?;
     Ok(())
 }
