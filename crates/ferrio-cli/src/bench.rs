@@ -115,6 +115,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         buf[i] = 1;
     }
     let mut info = None;
+    let mut windows = crate::write::generate(a.size);
     for round in 1..=a.rounds {
         check_interrupt()?;
         say(&format!("round {round}/{}: write", a.rounds));
@@ -122,7 +123,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
             .settings(settings.clone())
             .open(&path, "w+")?;
         let s = measure(a.size, || {
-            crate::write::write_generated(&f, a.size, true)?;
+            crate::write::write_generated(&f, a.size, &mut windows, true)?;
             f.sync()?;
             Ok(())
         })?;

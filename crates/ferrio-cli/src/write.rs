@@ -1,5 +1,6 @@
 //! `ferrio write PATH... --size SIZE`: writes generated data, to several files at once.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -37,16 +38,22 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
                 .open(p, "w")
         })
         .collect::<ferrio::Result<Vec<_>>>()?;
+    let mut windows: Vec<Vec<Vec<u8>>> = files.iter().map(|_| generate(a.size)).collect();
+    for f in &files {
+        // Blocks allocated in one go: direct writes then neither extend the file nor allocate.
+        f.allocate(a.size)?;
+    }
     let cpu0 = ferrio::sys::process_cpu_seconds();
     let t0 = Instant::now();
     let quiet = a.io.json || files.len() > 1;
     let outcomes: Vec<(u64, f64)> = std::thread::scope(|s| {
         let handles: Vec<_> = files
             .iter()
-            .map(|f| {
+            .zip(windows.iter_mut())
+            .map(|(f, w)| {
                 s.spawn(move || -> anyhow::Result<(u64, f64)> {
                     let t = Instant::now();
-                    let n = write_generated(f, a.size, quiet)?;
+                    let n = write_generated(f, a.size, w, quiet)?;
                     if !a.no_sync {
                         f.sync()?;
                     }
@@ -101,25 +108,60 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes `size` bytes of generated, incompressible-looking data to `f`; stops at Ctrl-C.
-pub(crate) fn write_generated(f: &ferrio::File, size: u64, quiet: bool) -> anyhow::Result<u64> {
-    let window = size.min(WINDOW) as usize;
-    let mut buf = vec![0u8; window];
-    fill(&mut buf, 1);
+/// Two windows of generated, incompressible-looking bytes for writing `size` bytes: made once,
+/// before any clock starts (generating data is not I/O).
+pub(crate) fn generate(size: u64) -> Vec<Vec<u8>> {
+    let window = size.clamp(1, WINDOW) as usize;
+    (1..=2)
+        .map(|seed| {
+            let mut b = vec![0u8; window];
+            fill(&mut b, seed);
+            b
+        })
+        .collect()
+}
+
+/// Writes `size` bytes from `windows` (see [`generate`]) to `f`, keeping every window in flight
+/// so the device never waits for the next one; stops at Ctrl-C. The windows are handed back in
+/// `windows` when all went well.
+pub(crate) fn write_generated(
+    f: &ferrio::File,
+    size: u64,
+    windows: &mut Vec<Vec<u8>>,
+    quiet: bool,
+) -> anyhow::Result<u64> {
+    let window = windows.first().map_or(0, Vec::len);
+    let mut free: VecDeque<Vec<u8>> = windows.drain(..).collect();
+    let mut in_flight: VecDeque<ferrio::IoFuture<Vec<u8>>> = VecDeque::new();
     let mut progress = Progress::new("write", size, quiet);
-    let mut off = 0u64;
-    let mut step = 0u64;
-    while off < size {
+    let (mut issued, mut done, mut step) = (0u64, 0u64, 0u64);
+    while done < size {
         check_interrupt()?;
-        let n = (size - off).min(window as u64) as usize;
-        // Vary each window cheaply so no two windows are equal (defeats dedup/compression).
-        step += 1;
-        buf[..8].copy_from_slice(&step.to_le_bytes());
-        f.write_at(&buf[..n], off)?;
-        off += n as u64;
-        progress.set(off);
+        if issued < size {
+            if let Some(mut buf) = free.pop_front() {
+                let n = (size - issued).min(window as u64) as usize;
+                buf.truncate(n);
+                // Stamp each window so no two are equal (defeats dedup and compression).
+                step += 1;
+                let stamp = step.to_le_bytes();
+                let k = stamp.len().min(n);
+                buf[..k].copy_from_slice(&stamp[..k]);
+                in_flight.push_back(f.pwrite(buf, issued));
+                issued += n as u64;
+                continue;
+            }
+        }
+        let Some(fut) = in_flight.pop_front() else {
+            anyhow::bail!("no window to write with");
+        };
+        let (result, mut buf) = fut.into_buffer();
+        done += result? as u64;
+        buf.resize(window, 0);
+        free.push_back(buf);
+        progress.set(done);
     }
-    Ok(off)
+    windows.extend(free);
+    Ok(done)
 }
 
 /// Fills `buf` with xorshift bytes from `seed`.

@@ -451,6 +451,25 @@ impl File {
         sys::fdatasync(self.inner.fd.as_fd()).map_err(|e| self.err(Op::Sync, 0, 0, e))
     }
 
+    /// Reserves disk space for the first `len` bytes and makes the file at least that long
+    /// (`fallocate`), so that a large write allocates its blocks once instead of as it goes.
+    /// Returns `Ok(false)`, changing nothing, where the file system cannot preallocate.
+    pub fn allocate(&self, len: u64) -> Result<bool> {
+        self.check_mode(Op::Write)?;
+        match sys::fallocate(self.inner.fd.as_fd(), 0, len) {
+            Ok(()) => Ok(true),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(self.err(Op::Write, 0, len, e)),
+        }
+    }
+
     /// Truncates or extends the file to `len` bytes.
     pub fn set_len(&self, len: u64) -> Result<()> {
         self.check_mode(Op::Write)?;

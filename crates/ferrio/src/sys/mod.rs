@@ -333,3 +333,18 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
     }
     Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
+
+/// `fallocate(2)` mode 0: allocates `[offset, offset+len)` and extends the file size to cover it.
+pub fn fallocate(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    loop {
+        // SAFETY: plain syscall on an open descriptor.
+        let r = unsafe {
+            libc::fallocate(fd.as_raw_fd(), 0, offset as libc::off_t, len as libc::off_t)
+        };
+        match cvt(r) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
