@@ -111,9 +111,13 @@ def main() -> int:
 
         def ferrio_read(**cfg: Any) -> Callable[[], Any]:
             def run() -> None:
+                before = sum(p["bytes_direct"] for p in ferrio.stats())
                 with ferrio.config.set(**cfg), ferrio.open(path) as f:
                     n = f.read(dst)
                 assert n == nbytes, n
+                direct = sum(p["bytes_direct"] for p in ferrio.stats()) - before
+                if direct:
+                    print(f"    (ferrio read {direct / GIB:.2f} GiB with O_DIRECT: not cached)")
 
             return run
 
@@ -205,6 +209,9 @@ def main() -> int:
                 os.sync()
                 add(f"write+fsync {name}", measure(nbytes, fn))
                 assert os.path.getsize(out) == nbytes
+            # The written copies must not push the input out of the page cache.
+            os.unlink(out)
+            drop_caches()
     finally:
         for p in (path, os.path.join(tmpdir, "out")):
             if os.path.exists(p):
