@@ -103,9 +103,49 @@ pub(crate) fn read_direct(mode: DirectMode, fd: BorrowedFd<'_>, offset: u64, len
     match mode {
         DirectMode::Off => false,
         DirectMode::On => true,
-        DirectMode::Auto => {
-            resident_share(fd, offset, len as u64).is_some_and(|s| s < AUTO_RESIDENT_SHARE)
+        DirectMode::Auto => match probe(fd, offset, len as u64) {
+            Probe::Cached => false,
+            Probe::Cold => true,
+            Probe::Mixed => {
+                resident_share(fd, offset, len as u64).is_some_and(|s| s < AUTO_RESIDENT_SHARE)
+            }
+        },
+    }
+}
+
+/// What three one-page probes of a range found in the page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// The first, middle and last page are all cached.
+    Cached,
+    /// None of them is.
+    Cold,
+    /// Some are, or the kernel cannot say cheaply: count the whole range.
+    Mixed,
+}
+
+/// Probes the first, middle and last page of `[offset, offset+len)`. Counting a whole 4 MiB
+/// range costs the kernel a walk over up to 1024 cache entries per task (measured on the H200:
+/// file-to-GPU reads of a cache filled by reads fell from 45 to 25-28 GiB/s and their CPU time
+/// doubled); three one-page questions cost almost nothing, and ranges are rarely half cached.
+pub(crate) fn probe(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Probe {
+    if len == 0 {
+        return Probe::Cached;
+    }
+    let page = sys::page_size() as u64;
+    let mut cached = 0;
+    for p in [offset, offset + len / 2, offset + len - 1] {
+        match sys::cachestat(fd, p / page * page, page) {
+            Ok(cs) if cs.cached > 0 => cached += 1,
+            Ok(_) => {}
+            // No cachestat (kernels before 6.5): count the range with the fallback.
+            Err(_) => return Probe::Mixed,
         }
+    }
+    match cached {
+        0 => Probe::Cold,
+        3 => Probe::Cached,
+        _ => Probe::Mixed,
     }
 }
 
@@ -123,9 +163,7 @@ pub(crate) fn write_direct(
     match mode {
         DirectMode::Off => false,
         DirectMode::On => true,
-        DirectMode::Auto => {
-            local && resident_share(fd, offset, len as u64).is_some_and(|s| s == 0.0)
-        }
+        DirectMode::Auto => local && probe(fd, offset, len as u64) == Probe::Cold,
     }
 }
 
