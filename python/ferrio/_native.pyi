@@ -19,6 +19,7 @@ __all__ = [
     "config_get",
     "config_set",
     "config_settings",
+    "copy",
     "drop_cache",
     "drop_system_cache",
     "env_error",
@@ -177,4 +178,21 @@ def stats() -> list[dict[str, Any]]:
 
     Keys: key, threads, max_threads, bytes_read, bytes_written, tasks, queued, busy_seconds,
     bytes_direct, bytes_buffered.
+    """
+
+def copy(
+    src: str | os.PathLike[str] | list[str | os.PathLike[str]],
+    dst: str | os.PathLike[str],
+    *,
+    recursive: bool = False,
+    preserve: bool = False,
+    verify: bool = False,
+    follow_symlinks: bool = False,
+    sync: bool = False,
+) -> dict[str, Any]:
+    """Copy files or trees like ``cp``, in parallel across files, devices and within files.
+
+    Each file is written under a temporary name in the destination directory and renamed when
+    complete, so a failure or Ctrl-C leaves no partial file. Returns a dict with ``files``,
+    ``dirs``, ``symlinks``, ``bytes``, ``verified`` and ``seconds``; raises the first error.
     """

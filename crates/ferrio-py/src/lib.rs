@@ -2,12 +2,13 @@
 //!
 //! One file per Python class (`file.rs`: `File`, `future.rs`: `IOFuture`, `pagecache.rs`:
 //! `Residency`), plus buffer validation (`buffer.rs`), the exception mapping (`errors.rs`),
-//! settings (`config.rs`), pool statistics (`stats.rs`), the console script (`cli.rs`) and the one helper that releases the
+//! settings (`config.rs`), pool statistics (`stats.rs`), parallel copy (`copy.rs`), the console script (`cli.rs`) and the one helper that releases the
 //! GIL (`gil.rs`).
 
 mod buffer;
 mod cli;
 mod config;
+mod copy;
 mod errors;
 mod file;
 mod future;
@@ -44,5 +45,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config::env_error, m)?)?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(stats::stats, m)?)?;
+    m.add_function(wrap_pyfunction!(copy::copy, m)?)?;
     Ok(())
 }

@@ -1,0 +1,37 @@
+"""ferrio.copy: trees copied byte for byte, errors as OSError, nothing partial left."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ferrio
+
+
+def test_copies_a_tree_byte_for_byte(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "a" / "b").mkdir(parents=True)
+    big = np.random.default_rng(3).integers(0, 256, (9 << 20) + 5, dtype=np.uint8)
+    big.tofile(src / "a" / "big.bin")
+    (src / "a" / "b" / "name with spaces ü").write_bytes(b"hello")
+    (src / "empty").write_bytes(b"")
+    os.symlink("a/big.bin", src / "link")
+    report = ferrio.copy(src, tmp_path / "dst", recursive=True)
+    assert report["files"] == 3 and report["bytes"] == big.nbytes + 5
+    dst = tmp_path / "dst"
+    assert (dst / "a" / "big.bin").read_bytes() == big.tobytes()
+    assert (dst / "a" / "b" / "name with spaces ü").read_bytes() == b"hello"
+    assert (dst / "empty").read_bytes() == b""
+    assert os.readlink(dst / "link") == "a/big.bin"
+    assert not [p for p in dst.rglob("*") if ".ferrio-" in p.name], "temporary files left"
+
+
+def test_errors_are_oserrors_and_directories_need_recursive(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        ferrio.copy(tmp_path / "missing", tmp_path / "x")
+    (tmp_path / "d").mkdir()
+    with pytest.raises((ValueError, OSError), match=r"recursive|directory"):
+        ferrio.copy(tmp_path / "d", tmp_path / "e")
