@@ -6,12 +6,14 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any, Self, final
 
 __all__ = [
+    "Allocation",
     "CancelledError",
     "CudaError",
     "CudaUnavailableError",
     "FerrioError",
     "File",
     "IOFuture",
+    "PoolResource",
     "Residency",
     "__version__",
     "cli_main",
@@ -196,3 +198,39 @@ def copy(
     complete, so a failure or Ctrl-C leaves no partial file. Returns a dict with ``files``,
     ``dirs``, ``symlinks``, ``bytes``, ``verified`` and ``seconds``; raises the first error.
     """
+
+@final
+class PoolResource:
+    """A pool of device memory on one GPU, with a free list per CUDA stream."""
+
+    def __new__(
+        cls,
+        device: int = 0,
+        initial_bytes: int = 0,
+        grow_bytes: int = 33554432,
+        max_bytes: int | None = None,
+    ) -> Self: ...
+    @property
+    def device(self) -> int:
+        """The GPU this pool allocates on."""
+
+    def allocate(self, nbytes: int, stream: int = 0, owner: object | None = None) -> Allocation:
+        """Allocate `nbytes` for use on the raw CUDA stream `stream` (0: legacy default)."""
+
+    def detach_stream(self, stream: int) -> None:
+        """Forget the raw stream `stream` before it is destroyed."""
+
+    def stats(self) -> dict[str, int]:
+        """Bytes held from the GPU, in use, and the peak in use."""
+
+@final
+class Allocation:
+    """One allocation from a PoolResource, freed in stream order when the last reference goes."""
+
+    @property
+    def ptr(self) -> int:
+        """Device address of the first byte."""
+
+    @property
+    def size(self) -> int:
+        """Bytes allocated."""

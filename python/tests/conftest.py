@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,18 @@ def big_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray
     path = tmp_path_factory.mktemp("big") / "big.bin"
     data.tofile(path)
     return path, data
+
+
+@pytest.fixture
+def python_sigint() -> Iterator[None]:
+    """Python's own Ctrl-C handler, for tests that interrupt the main thread.
+
+    A shell starts background jobs with SIGINT ignored, and Python then installs no handler, so
+    `_thread.interrupt_main()` would do nothing (as a real Ctrl-C would): install it here.
+    """
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
 
 
 @pytest.fixture

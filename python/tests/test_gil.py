@@ -105,7 +105,9 @@ def test_a_counter_runs_while_another_thread_reads(
     assert during > 1000, during
 
 
-def test_ctrl_c_interrupts_a_blocking_read(big_file: tuple[Path, np.ndarray]) -> None:
+def test_ctrl_c_interrupts_a_blocking_read(
+    big_file: tuple[Path, np.ndarray], python_sigint: None
+) -> None:
     path, data = big_file
     with ferrio.open(path, direct_read="off") as f:
         load = slow_read_load(f, data, jobs=200)
@@ -128,7 +130,9 @@ def test_ctrl_c_interrupts_a_blocking_read(big_file: tuple[Path, np.ndarray]) ->
         np.testing.assert_array_equal(small, data[12345 : 12345 + (1 << 20)])
 
 
-def test_ctrl_c_interrupts_result_and_wait(big_file: tuple[Path, np.ndarray]) -> None:
+def test_ctrl_c_interrupts_result_and_wait(
+    big_file: tuple[Path, np.ndarray], python_sigint: None
+) -> None:
     path, data = big_file
     with ferrio.open(path, direct_read="off") as f:
         for how in ("result", "wait"):

@@ -2,7 +2,7 @@
 //!
 //! One file per Python class (`file.rs`: `File`, `future.rs`: `IOFuture`, `pagecache.rs`:
 //! `Residency`), plus buffer validation (`buffer.rs`), the exception mapping (`errors.rs`),
-//! settings (`config.rs`), pool statistics (`stats.rs`), parallel copy (`copy.rs`), the console script (`cli.rs`) and the one helper that releases the
+//! settings (`config.rs`), pool statistics (`stats.rs`), parallel copy (`copy.rs`), the pool memory resource (`memory.rs`), the console script (`cli.rs`) and the one helper that releases the
 //! GIL (`gil.rs`).
 
 mod buffer;
@@ -13,6 +13,7 @@ mod errors;
 mod file;
 mod future;
 mod gil;
+mod memory;
 mod pagecache;
 mod stats;
 
@@ -26,6 +27,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<file::File>()?;
     m.add_class::<future::IOFuture>()?;
     m.add_class::<pagecache::Residency>()?;
+    m.add_class::<memory::PoolResource>()?;
+    m.add_class::<memory::Allocation>()?;
     m.add("FerrioError", py.get_type::<errors::FerrioError>())?;
     m.add("CancelledError", py.get_type::<errors::CancelledError>())?;
     m.add(
