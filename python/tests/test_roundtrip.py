@@ -203,3 +203,32 @@ def test_dropping_an_unfinished_future_waits_for_it(big_file: tuple[Path, np.nda
         del fut  # the read goes on to its end before the buffer is let go
         buf.append(0)
         assert buf[: len(data)] == data.tobytes()
+
+
+@pytest.mark.parametrize("direct", ["off", "on", "auto"])
+@pytest.mark.parametrize("overread", [False, True])
+def test_unaligned_numpy_buffers_with_direct_io(
+    data_file: tuple[Path, np.ndarray], direct: str, overread: bool
+) -> None:
+    path, data = data_file
+    ferrio.drop_cache(path)  # cold, so `auto` goes direct too
+    with ferrio.open(
+        path, "r+", direct_read=direct, direct_write=direct, direct_overread=overread
+    ) as f:
+        for skew, offset, size in [
+            (1, 0, 1 << 20),
+            (3, 4097, 3 * 4096 + 5),
+            (7, 511, (2 << 20) + 3),
+        ]:
+            backing = np.full(size + 16, 0xA5, dtype=np.uint8)
+            view = backing[skew : skew + size]  # memory not aligned to 512 or 4096
+            assert f.read(view, offset=offset) == size
+            np.testing.assert_array_equal(view, data[offset : offset + size])
+            assert (backing[:skew] == 0xA5).all() and (backing[skew + size :] == 0xA5).all()
+        patch = np.random.default_rng(9).integers(0, 256, (1 << 20) + 9, dtype=np.uint8)
+        src = np.empty(patch.size + 5, dtype=np.uint8)[5:]  # unaligned source
+        src[:] = patch
+        assert f.write(src, offset=12345) == patch.size
+    got = np.fromfile(path, dtype=np.uint8)
+    np.testing.assert_array_equal(got[12345 : 12345 + patch.size], patch)
+    np.testing.assert_array_equal(got[:12345], data[:12345])
