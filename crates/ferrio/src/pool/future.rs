@@ -26,8 +26,10 @@ struct State {
     short_at: u64,
     error: Option<Error>,
     skipped: bool,
-    /// Set once every task has reported and the callbacks registered by then have run.
+    /// Set once every task has reported: the outcome is known.
     done: bool,
+    /// Set once, after `done`, the callbacks registered before completion have run.
+    settled: bool,
     callbacks: Vec<Callback>,
 }
 
@@ -51,6 +53,7 @@ impl Completion {
                 error: None,
                 skipped: false,
                 done: tasks == 0,
+                settled: tasks == 0,
                 callbacks: Vec::new(),
             }),
             cv: Condvar::new(),
@@ -104,23 +107,19 @@ impl Completion {
         if st.remaining > 0 {
             return;
         }
-        // Run the callbacks (without the lock: they may call back in), then mark done and wake
-        // the waiters: once `wait` returns, every callback registered before has run. A
-        // callback registered while these run is picked up by the loop.
+        // The outcome is known: mark done (a callback, or anyone polling, may ask for it), run
+        // the callbacks without the lock, then mark settled, which `wait` waits for: once it
+        // returns, every callback registered before completion has run. A callback registered
+        // from now on sees `done` and runs at once on its own thread.
         let outcome = st.outcome(self.start, self.len);
-        loop {
-            let callbacks = std::mem::take(&mut st.callbacks);
-            if callbacks.is_empty() {
-                break;
-            }
-            drop(st);
-            for cb in callbacks {
-                cb(outcome.clone());
-            }
-            st = self.lock();
-        }
         st.done = true;
+        let callbacks = std::mem::take(&mut st.callbacks);
         drop(st);
+        self.cv.notify_all();
+        for cb in callbacks {
+            cb(outcome.clone());
+        }
+        self.lock().settled = true;
         self.cv.notify_all();
     }
 
@@ -128,9 +127,10 @@ impl Completion {
         self.lock().done
     }
 
-    fn wait_until(&self, deadline: Option<Instant>) -> bool {
+    /// Waits until the outcome is known (`settled`: and the callbacks have run) or `deadline`.
+    fn wait_until(&self, deadline: Option<Instant>, settled: bool) -> bool {
         let mut st = self.lock();
-        while !st.done {
+        while !(if settled { st.settled } else { st.done }) {
             match deadline {
                 None => st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner()),
                 Some(d) => {
@@ -201,7 +201,7 @@ impl<B> IoFuture<B> {
 
     /// Blocks until the operation has finished; returns the bytes moved or the first error.
     pub fn wait(mut self) -> Result<usize> {
-        self.completion.wait_until(None);
+        self.completion.wait_until(None, true);
         self.buffer = None;
         self.completion.result()
     }
@@ -214,7 +214,7 @@ impl<B> IoFuture<B> {
     /// Blocks up to `timeout`. `Ok(true)` when the operation has finished (then call
     /// [`IoFuture::wait`] for its result), `Ok(false)` when it is still running.
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
-        self.completion.wait_until(Some(Instant::now() + timeout))
+        self.completion.wait_until(Some(Instant::now() + timeout), false)
     }
 
     /// Whether the operation has finished (successfully or not).
@@ -243,7 +243,7 @@ impl<B> IoFuture<B> {
 
     /// Waits for the operation and gives back the buffer it owned, with the result.
     pub fn into_buffer(mut self) -> (Result<usize>, B) {
-        self.completion.wait_until(None);
+        self.completion.wait_until(None, true);
         let result = self.completion.result();
         // `buffer` is `Some` from construction until here or `wait`, which consumes `self`.
         let buffer = self
@@ -258,7 +258,7 @@ impl<B> Drop for IoFuture<B> {
     fn drop(&mut self) {
         // The tasks may point into `buffer` (or into memory the caller promised to keep alive
         // while the future lives): they must all have returned before it goes.
-        self.completion.wait_until(None);
+        self.completion.wait_until(None, true);
     }
 }
 
