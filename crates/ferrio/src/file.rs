@@ -859,24 +859,11 @@ impl File {
             // SAFETY: forwarded.
             return unsafe { self.pread_direct(dst, off, len) };
         }
-        let Some(scratch) = w.scratch(mem_align.max(align as usize)) else {
-            // SAFETY: forwarded.
-            return unsafe { self.pread_fallback(dst, off, len) };
-        };
-        let window = scratch.len() / align as usize * align as usize;
-        let mut done = 0usize;
-        while done < len {
-            let want = (len - done).min(window);
-            // SAFETY: scratch holds at least `window >= want` bytes.
-            let got = unsafe { self.pread_direct(scratch.as_mut_ptr(), off + done as u64, want)? };
-            // SAFETY: `dst + done .. + got` lies inside the caller's `len` bytes; scratch is ours.
-            unsafe { std::ptr::copy_nonoverlapping(scratch.as_mut_ptr(), dst.add(done), got) };
-            done += got;
-            if got < want {
-                break;
-            }
-        }
-        Ok(done)
+        // Unaligned memory: through the worker's scratch buffer, which is what over-read does
+        // (for an aligned range it widens nothing).
+        debug_assert!(off % align == 0 && len as u64 % align == 0);
+        // SAFETY: forwarded.
+        unsafe { self.read_overread(w, dst, off, len) }
     }
 
     /// Over-read: the task's span widened to alignment is read with `O_DIRECT` into scratch

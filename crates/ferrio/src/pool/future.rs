@@ -214,7 +214,8 @@ impl<B> IoFuture<B> {
     /// Blocks up to `timeout`. `Ok(true)` when the operation has finished (then call
     /// [`IoFuture::wait`] for its result), `Ok(false)` when it is still running.
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
-        self.completion.wait_until(Some(Instant::now() + timeout), false)
+        self.completion
+            .wait_until(Some(Instant::now() + timeout), false)
     }
 
     /// Whether the operation has finished (successfully or not).
