@@ -535,7 +535,6 @@ impl File {
     unsafe fn start_read(&self, ptr: *mut u8, len: usize, offset: u64) -> Result<Arc<Completion>> {
         self.check_mode(Op::Read)?;
         let tasks = self.plan(offset, len)?;
-        let completion = Completion::new(offset, len, tasks.len());
         let file = self.clone();
         let base = Addr(ptr as usize);
         let run = Box::new(move |w: &mut Worker, t: &Task| {
@@ -544,18 +543,7 @@ impl File {
             // the caller keeps valid and unaliased until the future is done; tasks never overlap.
             unsafe { file.read_task(w, dst, t) }
         });
-        self.inner.pool.submit(
-            Request {
-                tasks,
-                completion: Arc::clone(&completion),
-                direction: Direction::Read,
-                inline_ok: true,
-                max_active: usize::MAX,
-                run,
-            },
-            self.inner.settings.max_threads,
-        );
-        Ok(completion)
+        Ok(self.queue(self.request(tasks, offset, len, Direction::Read, run)))
     }
 
     /// # Safety
@@ -567,20 +555,8 @@ impl File {
         offset: u64,
     ) -> Result<Arc<Completion>> {
         self.check_mode(Op::Write)?;
-        let offset = if self.inner.mode.appends() {
-            let mut at = self
-                .inner
-                .append_at
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            let start = *at;
-            *at += len as u64;
-            start
-        } else {
-            offset
-        };
+        let offset = self.write_offset(offset, len);
         let tasks = self.plan(offset, len)?;
-        let completion = Completion::new(offset, len, tasks.len());
         let file = self.clone();
         let base = Addr(ptr as usize);
         let run = Box::new(move |w: &mut Worker, t: &Task| {
@@ -589,18 +565,7 @@ impl File {
             // and unchanged until the future is done.
             unsafe { file.write_task(w, src, t) }
         });
-        self.inner.pool.submit(
-            Request {
-                tasks,
-                completion: Arc::clone(&completion),
-                direction: Direction::Write,
-                inline_ok: true,
-                max_active: self.write_cap(),
-                run,
-            },
-            self.inner.settings.max_threads,
-        );
-        Ok(completion)
+        Ok(self.queue(self.request(tasks, offset, len, Direction::Write, run)))
     }
 
     /// Plans and queues a transfer between the file and device memory.
@@ -644,7 +609,6 @@ impl File {
             self.inner.settings.bounce_buffer_size * self.inner.settings.bounce_buffers as u64;
         let task_size = self.choices.task_size.max(ring_bytes);
         let tasks = self.plan_with(offset, len, task_size)?;
-        let completion = Completion::new(offset, len, tasks.len());
         let file = self.clone();
         let run = Box::new(move |w: &mut Worker, t: &Task| {
             let at = DevicePtr(ptr.0 + t.buf_offset as u64);
@@ -678,18 +642,12 @@ impl File {
                 )
             }
         });
-        self.inner.pool.submit(
-            Request {
-                tasks,
-                completion: Arc::clone(&completion),
-                direction,
-                inline_ok: false,
-                max_active: self.cap_for(direction),
-                run,
-            },
-            self.inner.settings.max_threads,
-        );
-        Ok(completion)
+        // Device tasks never run inline: the caller's thread has no bounce ring to spare.
+        let request = Request {
+            inline_ok: false,
+            ..self.request(tasks, offset, len, direction, run)
+        };
+        Ok(self.queue(request))
     }
 
     /// Most tasks of one write request running at once. Buffered writes to one file serialise
@@ -741,19 +699,40 @@ impl File {
             Ok(tasks) => tasks,
             Err(e) => return IoFuture::failed(e, ()),
         };
-        let completion = Completion::new(offset, len, tasks.len());
-        self.inner.pool.submit(
-            Request {
-                tasks,
-                completion: Arc::clone(&completion),
-                direction,
-                inline_ok: true,
-                max_active: usize::MAX,
-                run,
-            },
-            self.inner.settings.max_threads,
-        );
-        IoFuture::new(completion, ())
+        let request = Request {
+            max_active: usize::MAX,
+            ..self.request(tasks, offset, len, direction, run)
+        };
+        IoFuture::new(self.queue(request), ())
+    }
+
+    /// A request for `tasks` covering `[offset, offset+len)`, with its own completion: small
+    /// ones may run inline, writes are capped as [`File::cap_for`] says.
+    fn request(
+        &self,
+        tasks: Vec<Task>,
+        offset: u64,
+        len: usize,
+        direction: Direction,
+        run: Box<pool::TaskFn>,
+    ) -> Request {
+        Request {
+            completion: Completion::new(offset, len, tasks.len()),
+            tasks,
+            direction,
+            inline_ok: true,
+            max_active: self.cap_for(direction),
+            run,
+        }
+    }
+
+    /// Queues `request` on the file's pool; returns its completion.
+    fn queue(&self, request: Request) -> Arc<Completion> {
+        let completion = Arc::clone(&request.completion);
+        self.inner
+            .pool
+            .submit(request, self.inner.settings.max_threads);
+        completion
     }
 
     fn fd(&self) -> BorrowedFd<'_> {
