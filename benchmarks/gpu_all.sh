@@ -19,7 +19,7 @@ step install
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/wheels/*.whl .carry/peers/*.whl \
   >"$LOGS/pip.log" 2>&1 || { tail "$LOGS/pip.log" | tee -a "$S"; }
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; free -g | head -2; df -h /root | tail -1; } >>"$S" 2>&1
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; free -g | head -2; df -h /root | tail -1; command -v fio || echo "no fio"; uname -r; } >>"$S" 2>&1
 
 if want tests; then
 step rust-gpu-tests
@@ -34,14 +34,14 @@ fi
 
 if want memory; then
 step memory-pool
-OUT=$LOGS/memory timeout 300 bash benchmarks/memory_pool/run_gpu.sh >"$LOGS/memory-run.log" 2>&1
+OUT=$LOGS/memory timeout 420 bash benchmarks/memory_pool/run_gpu.sh >"$LOGS/memory-run.log" 2>&1
 tail -5 "$LOGS/memory-run.log" | tee -a "$S"
 fi
 
 if want sweep; then
 step gpu-sweep
 "$ROOT/.carry/bin/ferrio" write /root/ferrio-sweep.bin --size 4GiB >>"$S" 2>&1
-timeout 420 python3 benchmarks/gpu_sweep.py /root/ferrio-sweep.bin --json "$LOGS/gpu_sweep.json" \
+timeout 420 python3 benchmarks/gpu_sweep.py /root/ferrio-sweep.bin --plan "${SWEEP_PLAN:-full}" --json "$LOGS/gpu_sweep.json" \
   >"$LOGS/gpu_sweep.log" 2>&1
 cat "$LOGS/gpu_sweep.log" >>"$S"; rm -f /root/ferrio-sweep.bin
 fi

@@ -15,8 +15,12 @@
 //               until every stream is done, against K x spin (perfect overlap), and the host
 //               time spent inside allocate and free. "none" launches the same kernels on
 //               preallocated buffers (the overlap the GPU gives without any allocator).
-//               Pre-warmed: one untimed round first on the same allocator; cold: a fresh
-//               allocator with no memory (cudaMallocAsync: its pool trimmed to 0 first).
+//               Three starting states: "warm" (pools made with 256 MiB, then one untimed
+//               round on the same allocator), "fresh" (pools made with 256 MiB, no round
+//               first: every stream's first allocation meets an empty free list, the
+//               rmm#1887 "not pre-warmed" case; RMM's pool always starts with an initial size)
+//               and "empty" (pools made with no memory: the first allocations grow them from
+//               the driver; cudaMallocAsync: its pool trimmed to 0 first).
 //
 // Prints a table and, with --json PATH, one JSON object per measurement.
 
@@ -150,7 +154,7 @@ struct RmmAlloc final : Allocator {
 
 struct AsyncAlloc final : Allocator {
   std::vector<cudaStream_t> streams;
-  explicit AsyncAlloc(bool warm)
+  explicit AsyncAlloc(bool reserve)
   {
     cudaMemPool_t mp;
     check(cudaDeviceGetDefaultMemPool(&mp, 0), "cudaDeviceGetDefaultMemPool");
@@ -159,7 +163,7 @@ struct AsyncAlloc final : Allocator {
           "cudaMemPoolSetAttribute");
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     check(cudaMemPoolTrimTo(mp, 0), "cudaMemPoolTrimTo");
-    if (warm) {
+    if (reserve) {
       void* p;
       check(cudaMallocAsync(&p, kInitialBytes, nullptr), "cudaMallocAsync");
       check(cudaFreeAsync(p, nullptr), "cudaFreeAsync");
@@ -205,9 +209,16 @@ struct NoAlloc final : Allocator {
   void free(void*, size_t, int) override {}
 };
 
-std::unique_ptr<Allocator> make(const std::string& name, bool warm, size_t none_bytes)
+// How a kernels run starts (see the top of this file).
+enum class Start { Warm, Fresh, Empty };
+const char* start_name(Start s)
 {
-  size_t initial = warm ? kInitialBytes : 0;
+  return s == Start::Warm ? "warm" : s == Start::Fresh ? "fresh" : "empty";
+}
+
+std::unique_ptr<Allocator> make(const std::string& name, Start start, size_t none_bytes)
+{
+  size_t initial = start == Start::Empty ? 0 : kInitialBytes;
   if (name == "ferrio") { return std::make_unique<FerrioAlloc>(initial); }
   if (name == "rmm-pool") {
     try {
@@ -218,7 +229,7 @@ std::unique_ptr<Allocator> make(const std::string& name, bool warm, size_t none_
       return std::make_unique<RmmAlloc>(256);
     }
   }
-  if (name == "cuMemAllocAsync") { return std::make_unique<AsyncAlloc>(warm); }
+  if (name == "cuMemAllocAsync") { return std::make_unique<AsyncAlloc>(start != Start::Empty); }
   if (name == "none") { return std::make_unique<NoAlloc>(none_bytes); }
   die("unknown allocator " + name);
 }
@@ -511,7 +522,7 @@ int main(int argc, char** argv)
       for (auto& name : allocators) {
         std::unique_ptr<Allocator> a;
         try {
-          a = make(name, true, 0);
+          a = make(name, Start::Warm, 0);
           contention(*a, 1, 1, 0.05);  // warm up: first-touch of streams, per-thread state
         } catch (std::exception const& e) {
           std::printf("%-16s failed: %s\n", name.c_str(), e.what());
@@ -544,31 +555,33 @@ int main(int argc, char** argv)
       std::printf("# kernels: one host thread per stream, each kernel a %.0f us spin on a %zu-byte "
                   "block allocated before it and freed after it on its stream\n",
                   spin_us, kernel_bytes);
-      std::printf("%-16s %5s %7s %7s %10s %10s %8s %10s %10s %12s\n", "allocator", "warm",
+      std::printf("%-16s %5s %7s %7s %10s %10s %8s %10s %10s %12s\n", "allocator", "start",
                   "streams", "kernels", "wall_ms", "ideal_ms", "overlap", "alloc_us", "free_us",
                   "max_alloc_us");
       std::vector<std::string> all = {"none"};
       all.insert(all.end(), allocators.begin(), allocators.end());
-      for (bool warm : {true, false}) {
+      for (Start start : {Start::Warm, Start::Fresh, Start::Empty}) {
+        const char* sn = start_name(start);
         for (auto& name : all) {
           for (int n : kstreams) {
             for (int k : kernels_per) {
               KernelResult r{};
               try {
-                auto a = make(name, warm, kernel_bytes);
-                r      = kernels(*a, d, n, k, spin_ns, kernel_bytes, warm);
+                auto a = make(name, start, kernel_bytes);
+                r      = kernels(*a, d, n, k, spin_ns, kernel_bytes, start == Start::Warm);
               } catch (std::exception const& e) {
-                std::printf("%-16s %5s %7d %7d failed: %s\n", name.c_str(), warm ? "yes" : "no", n,
-                            k, e.what());
+                std::printf("%-16s %5s %7d %7d failed: %s\n", name.c_str(), sn, n, k,
+                            e.what());
                 continue;
               }
               std::printf("%-16s %5s %7d %7d %10.3f %10.3f %7.0f%% %10.2f %10.2f %12.2f\n",
-                          name.c_str(), warm ? "yes" : "no", n, k, r.wall_ms, r.ideal_ms,
+                          name.c_str(), sn, n, k, r.wall_ms, r.ideal_ms,
                           100.0 * r.ideal_ms / r.wall_ms, r.alloc_us, r.free_us, r.max_alloc_us);
               std::fflush(stdout);
               std::ostringstream j;
-              j << R"({"scenario":"kernels","allocator":")" << name << R"(","prewarmed":)"
-                << (warm ? "true" : "false") << R"(,"streams":)" << n << R"(,"kernels_per_stream":)"
+              j << R"({"scenario":"kernels","allocator":")" << name << R"(","start":")" << sn
+                << R"(","prewarmed":)" << (start == Start::Warm ? "true" : "false")
+                << R"(,"streams":)" << n << R"(,"kernels_per_stream":)"
                 << k << R"(,"spin_us":)" << spin_us << R"(,"wall_ms":)" << r.wall_ms
                 << R"(,"ideal_ms":)" << r.ideal_ms << R"(,"alloc_us_mean":)" << r.alloc_us
                 << R"(,"free_us_mean":)" << r.free_us << R"(,"alloc_us_max":)" << r.max_alloc_us

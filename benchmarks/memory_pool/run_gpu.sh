@@ -24,8 +24,8 @@ timeout 60 "$BIN/pool_gpu_bench" --seconds 0.3 --rotate --json "$OUT/pool_gpu_be
   2>&1 | tee "$OUT/pool_gpu_bench_rotate.txt"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 # 3. The same loop from C++ for ferrio (C ABI), RMM's pool_memory_resource and cudaMallocAsync;
-#    then the rmm#1887 multi-stream spin-kernel scenario, pre-warmed and cold.
-timeout 180 "$BIN/pool_bench" --seconds 0.3 --json "$OUT/pool_bench.jsonl" \
+#    then the rmm#1887 multi-stream spin-kernel scenario, warm, fresh and empty.
+timeout 270 "$BIN/pool_bench" --seconds 0.3 --json "$OUT/pool_bench.jsonl" \
   2>&1 | tee "$OUT/pool_bench.txt"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
 grep -q failed "$OUT/pool_bench.txt" && status=1
 exit $status
