@@ -41,7 +41,7 @@ fi
 if want sweep; then
 step gpu-sweep
 "$ROOT/.carry/bin/ferrio" write /root/ferrio-sweep.bin --size 4GiB >>"$S" 2>&1
-timeout 420 python3 benchmarks/gpu_sweep.py /root/ferrio-sweep.bin --plan "${SWEEP_PLAN:-full}" --json "$LOGS/gpu_sweep.json" \
+timeout 540 python3 benchmarks/gpu_sweep.py /root/ferrio-sweep.bin --plan "${SWEEP_PLAN:-full}" --json "$LOGS/gpu_sweep.json" \
   >"$LOGS/gpu_sweep.log" 2>&1
 cat "$LOGS/gpu_sweep.log" >>"$S"; rm -f /root/ferrio-sweep.bin
 fi

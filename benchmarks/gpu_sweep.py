@@ -8,7 +8,8 @@ into a CuPy array, and writes from GPU memory; KvikIO 16 threads in the same way
 
 Plans: "full" chose the defaults (threads x ring shapes x task sizes); "focus" is the short one
 for what is still open: the host-side ceiling of hot reads (the same read into pinned host
-memory, no GPU copy), and writes from GPU memory at other thread counts and write sizes.
+memory, no GPU copy), writes from GPU memory with fewer writes in flight and larger ones, and
+cold reads at fewer threads.
 """
 
 from __future__ import annotations
@@ -56,8 +57,12 @@ COLD = [
 ] + [{"FERRIO_THREADS_PER_DEVICE": str(t), "FERRIO_TASK_SIZE": "64MiB"} for t in (8, 16)]
 WRITE = [
     {"FERRIO_THREADS_PER_DEVICE": str(t), "FERRIO_TASK_SIZE": task}
-    for t in (4, 8, 16)
-    for task in ("4MiB", "16MiB")
+    for t in (1, 2, 4)
+    for task in ("16MiB", "64MiB")
+] + [{"FERRIO_THREADS_PER_DEVICE": str(t), "FERRIO_BOUNCE_BUFFER_SIZE": "16MiB"} for t in (1, 2, 4)]
+COLD_FOCUS = [
+    {"FERRIO_THREADS_PER_DEVICE": "4"},
+    {"FERRIO_THREADS_PER_DEVICE": "8", "FERRIO_TASK_SIZE": "16MiB"},
 ]
 
 
@@ -193,6 +198,11 @@ def main() -> int:
             run("ferrio", "write", env, 2)
         run("kvikio", "write", {"KVIKIO_NTHREADS": "1"}, 2)
         run("ferrio", "write", {}, 2)
+        run("kvikio", "cold", {}, 2)
+        run("ferrio", "cold", {}, 2)
+        for env in COLD_FOCUS:
+            run("ferrio", "cold", env, 2)
+        run("ferrio", "cold", {}, 2)
     else:
         full_plan(run)
     if args.json:

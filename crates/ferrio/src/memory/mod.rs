@@ -71,7 +71,8 @@
 //! only to refresh a thread's snapshot. The grow lock is the one lock held across an upstream
 //! call (`cuMemAlloc` may block for hundreds of microseconds): only threads that would
 //! otherwise call the upstream themselves wait on it, never the fast path. The only driver
-//! calls made under a list lock are `cuEventRecord`, `cuEventQuery` and `cuStreamWaitEvent`,
+//! calls made under a list lock are `cuEventRecord`, `cuEventQuery` and `cuStreamWaitEvent`
+//! (and, once per list, `cuEventCreate` before its first record),
 //! under the *victim's* list lock during a steal (and `cuEventRecord` under the own list lock
 //! when the policy records on free): all three enqueue or inspect and return without waiting
 //! for the GPU, and holding the lock keeps another thread from re-recording the event between
@@ -80,8 +81,9 @@
 //!
 //! # Events
 //!
-//! Each stream's list owns one event, made when the list is and recorded again whenever a
-//! steal needs it to cover newer frees. [`EventPolicy`] chooses when to record:
+//! Each stream's list owns one event, made at its first record (a stream nobody steals from
+//! never makes one, so a stream's first allocation makes no driver call) and recorded again
+//! whenever a steal needs it to cover newer frees. [`EventPolicy`] chooses when to record:
 //! [`OnSteal`](EventPolicy::OnSteal) (the default), [`EveryFree`](EventPolicy::EveryFree)
 //! (RMM's choice) or [`EveryNthFree`](EventPolicy::EveryNthFree).
 //!

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{
+    Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 
 use super::blocks::{Chunk, ChunkId, ChunkTable, FreeBlock, FreeBlocks};
 use super::local;
@@ -277,7 +279,7 @@ impl<S: StreamOrder> ListState<S> {
             // Detached: the record made at detach already covers every block.
             return Ok(false);
         };
-        order.record(&list.event, stream)?;
+        order.record(list.event(order)?, stream)?;
         self.covered_seq = self.free_seq;
         self.covered_done = false;
         bump(&list.counters.records);
@@ -286,7 +288,7 @@ impl<S: StreamOrder> ListState<S> {
 
     /// Whether the latest record has completed, asking the driver if not yet known.
     fn covered_complete(&mut self, order: &S, list: &StreamList<S>) -> Result<bool> {
-        if !self.covered_done && order.is_complete(&list.event)? {
+        if !self.covered_done && order.is_complete(list.event(order)?)? {
             self.covered_done = true;
         }
         Ok(self.covered_done)
@@ -298,15 +300,37 @@ impl<S: StreamOrder> ListState<S> {
 #[repr(align(128))]
 pub(crate) struct StreamList<S: StreamOrder> {
     id: StreamId,
-    /// Created with the list, recorded again and again, dropped with the list.
-    event: S::Event,
+    /// Made at the list's first record (most streams are never stolen from, so most lists
+    /// never need one: a stream's first allocation makes no driver call), recorded again and
+    /// again, dropped with the list.
+    event: OnceLock<S::Event>,
     counters: Counters,
     state: Mutex<ListState<S>>,
 }
 
 impl<S: StreamOrder> StreamList<S> {
+    /// An empty list; `stream` is `None` for fresh memory.
+    fn new(id: StreamId, stream: Option<S::Stream>) -> StreamList<S> {
+        StreamList {
+            id,
+            event: OnceLock::new(),
+            counters: Counters::default(),
+            state: Mutex::new(ListState::new(stream)),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, ListState<S>> {
         lock(&self.state)
+    }
+
+    /// The list's event, made on first use. Called with the list's lock held, so only one
+    /// thread makes it.
+    fn event(&self, order: &S) -> Result<&S::Event> {
+        if let Some(e) = self.event.get() {
+            return Ok(e);
+        }
+        let made = order.create_event()?;
+        Ok(self.event.get_or_init(|| made))
     }
 }
 
@@ -427,12 +451,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                 }
             };
             // Fresh memory: no stream has used it, so every stream may take it at once.
-            let list = StreamList {
-                id: StreamId::FRESH,
-                event: pool.order.create_event()?,
-                counters: Counters::default(),
-                state: Mutex::new(ListState::new(None)),
-            };
+            let list = StreamList::new(StreamId::FRESH, None);
             list.lock()
                 .free
                 .insert(FreeBlock {
@@ -733,18 +752,11 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             let list = match found {
                 Some(list) => list,
                 None => {
-                    // Made before the map lock is taken (a driver call); dropped unused if
-                    // another thread made the list meanwhile.
-                    let event = self.order.create_event()?;
                     let mut map = write(&self.streams);
-                    Arc::clone(map.entry(StreamId::FRESH).or_insert_with(|| {
-                        Arc::new(StreamList {
-                            id: StreamId::FRESH,
-                            event,
-                            counters: Counters::default(),
-                            state: Mutex::new(ListState::new(None)),
-                        })
-                    }))
+                    Arc::clone(
+                        map.entry(StreamId::FRESH)
+                            .or_insert_with(|| Arc::new(StreamList::new(StreamId::FRESH, None))),
+                    )
                 }
             };
             let mut st = list.lock();
@@ -841,19 +853,11 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
 
     /// Adds a list for a stream the pool has not seen (or whose list was pruned).
     fn add_list(&self, id: StreamId, stream: &S::Stream) -> Result<Arc<StreamList<S>>> {
-        // The event is made before the map lock is taken (driver call); if another thread
-        // added the list meanwhile, this one is dropped unused.
-        let event = self.order.create_event()?;
         let mut map = write(&self.streams);
         if let Some(list) = map.get(&id) {
             return Ok(Arc::clone(list));
         }
-        let list = Arc::new(StreamList {
-            id,
-            event,
-            counters: Counters::default(),
-            state: Mutex::new(ListState::new(Some(stream.clone()))),
-        });
+        let list = Arc::new(StreamList::new(id, Some(stream.clone())));
         map.insert(id, Arc::clone(&list));
         Ok(list)
     }
@@ -952,7 +956,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             st.record(&self.order, victim)?;
         }
         if !st.covered_complete(&self.order, victim)? {
-            self.order.wait(stream, &victim.event)?;
+            self.order.wait(stream, victim.event(&self.order)?)?;
             bump(&own.counters.waits);
         }
         Ok(())

@@ -81,7 +81,11 @@ fn same_stream_reuse_is_immediate_and_needs_no_event() {
         "reused at once on the same stream, pending work or not"
     );
     let calls = emu.calls();
-    assert_eq!((calls.records, calls.waits), (0, 0), "{calls:?}");
+    assert_eq!(
+        (calls.records, calls.waits, calls.events_created),
+        (0, 0, 0),
+        "a stream nobody steals from needs no event: {calls:?}"
+    );
     pool.deallocate(b.addr(), b.size(), &s).unwrap();
     assert_all_returned(&pool, &s);
 }
@@ -125,6 +129,11 @@ fn block_with_pending_work_goes_to_another_stream_only_after_a_wait() {
     let ts = stream_stats(&pool, &t);
     let ss = stream_stats(&pool, &s);
     assert_eq!((ts.steals, ts.waits, ss.stolen, ss.records), (1, 1, 1, 1));
+    assert_eq!(
+        emu.calls().events_created,
+        1,
+        "one event, made for s's first record; t needed none"
+    );
     pool.deallocate(b.addr(), b.size(), &t).unwrap();
     assert_all_returned(&pool, &t);
 }
@@ -476,7 +485,11 @@ fn initial_memory_goes_to_any_stream_without_events() {
     assert_ne!(a, b);
     assert_eq!(pool.stats().chunks, 1);
     let calls = emu.calls();
-    assert_eq!((calls.records, calls.waits), (0, 0), "{calls:?}");
+    assert_eq!(
+        (calls.records, calls.waits, calls.events_created),
+        (0, 0, 0),
+        "{calls:?}"
+    );
     pool.deallocate(a.addr(), 4096, &s).unwrap();
     pool.deallocate(b.addr(), 4096, &t).unwrap();
     assert_all_returned(&pool, &s);
