@@ -56,10 +56,12 @@ COLD = [
     for size, k in (("2MiB", 4), ("4MiB", 4))
 ] + [{"FERRIO_THREADS_PER_DEVICE": str(t), "FERRIO_TASK_SIZE": "64MiB"} for t in (8, 16)]
 WRITE = [
-    {"FERRIO_THREADS_PER_DEVICE": str(t), "FERRIO_TASK_SIZE": task}
-    for t in (1, 2, 4)
-    for task in ("16MiB", "64MiB")
-] + [{"FERRIO_THREADS_PER_DEVICE": str(t), "FERRIO_BOUNCE_BUFFER_SIZE": "16MiB"} for t in (1, 2, 4)]
+    {"FERRIO_THREADS_PER_DEVICE": "1", "FERRIO_BOUNCE_BUFFER_SIZE": "16MiB"},
+    {"FERRIO_THREADS_PER_DEVICE": "2", "FERRIO_BOUNCE_BUFFER_SIZE": "16MiB"},
+    {"FERRIO_THREADS_PER_DEVICE": "4"},
+    {"FERRIO_THREADS_PER_DEVICE": "8"},
+    {"FERRIO_BOUNCE_BUFFER_SIZE": "16MiB"},
+]
 COLD_FOCUS = [
     {"FERRIO_THREADS_PER_DEVICE": "4"},
     {"FERRIO_THREADS_PER_DEVICE": "8", "FERRIO_TASK_SIZE": "16MiB"},
@@ -192,12 +194,13 @@ def main() -> int:
         run("ferrio-pinned", "hot", {}, 3)
         run("ferrio-pinned", "hot", {"FERRIO_THREADS_PER_DEVICE": "32"}, 3)
         run("ferrio", "hot", {}, 3)
-        run("kvikio", "write", {"KVIKIO_NTHREADS": "1"}, 2)
-        run("kvikio", "write", {}, 2)
+        run("kvikio", "write", {"KVIKIO_NTHREADS": "1"}, 3)
+        run("ferrio", "write", {}, 3)
+        run("kvikio", "write", {}, 3)
         for env in WRITE:
-            run("ferrio", "write", env, 2)
-        run("kvikio", "write", {"KVIKIO_NTHREADS": "1"}, 2)
-        run("ferrio", "write", {}, 2)
+            run("ferrio", "write", env, 3)
+        run("kvikio", "write", {"KVIKIO_NTHREADS": "1"}, 3)
+        run("ferrio", "write", {}, 3)
         run("kvikio", "cold", {}, 2)
         run("ferrio", "cold", {}, 2)
         for env in COLD_FOCUS:

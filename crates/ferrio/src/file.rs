@@ -359,6 +359,11 @@ impl File {
     }
 
     /// Writes all of `buf` at `offset` in parallel (at the end of the file in append modes).
+    ///
+    /// A direct write of several tasks that ends past the end of the file first extends the
+    /// file to its new length with one `fallocate` (see [`File::allocate`]): a full disk fails
+    /// the write before any byte is written, and if the write fails later the file keeps its
+    /// new length.
     pub fn pwrite<B: IoBuf>(&self, buf: B, offset: u64) -> IoFuture<B> {
         let (ptr, len) = (buf.io_ptr(), buf.io_len());
         // SAFETY: `IoBuf` guarantees `ptr..ptr+len` stays valid, unchanged and in place while
@@ -557,6 +562,7 @@ impl File {
         self.check_mode(Op::Write)?;
         let offset = self.write_offset(offset, len);
         let tasks = self.plan(offset, len)?;
+        self.extend_for_direct_write(offset, len, tasks.len())?;
         let file = self.clone();
         let base = Addr(ptr as usize);
         let run = Box::new(move |w: &mut Worker, t: &Task| {
@@ -609,6 +615,9 @@ impl File {
             self.inner.settings.bounce_buffer_size * self.inner.settings.bounce_buffers as u64;
         let task_size = self.choices.task_size.max(ring_bytes);
         let tasks = self.plan_with(offset, len, task_size)?;
+        if direction == Direction::Write {
+            self.extend_for_direct_write(offset, len, tasks.len())?;
+        }
         let file = self.clone();
         let run = Box::new(move |w: &mut Worker, t: &Task| {
             let at = DevicePtr(ptr.0 + t.buf_offset as u64);
@@ -648,6 +657,42 @@ impl File {
             ..self.request(tasks, offset, len, direction, run)
         };
         Ok(self.queue(request))
+    }
+
+    /// Before a direct write of several tasks that ends past the end of the file, allocates
+    /// the part past the end in one `fallocate`, which also moves the end. Local file systems
+    /// serialise direct writes that extend a file (each holds the inode lock until its I/O is
+    /// done, so that the end moves in order), and allocate blocks write by write. Measured
+    /// (2 GiB from host memory, then `fsync`, ext4 on the dev disk): 2.11–2.42 GiB/s after
+    /// `fallocate` against 1.99–2.02 without at 4 threads, 1.61–1.73 against 1.31–1.35 at one;
+    /// an `ftruncate` instead was slower (1.72–1.89). Where the file system cannot preallocate,
+    /// nothing changes; a full disk (or quota) fails the write before it starts.
+    fn extend_for_direct_write(&self, offset: u64, len: usize, tasks: usize) -> Result<()> {
+        if tasks < 2
+            || !self.inner.local
+            || self.choices.direct_write == DirectMode::Off
+            || self.direct().is_none()
+        {
+            return Ok(());
+        }
+        let end = offset + len as u64;
+        let size = match sys::fstat(self.fd()) {
+            Ok(st) => st.st_size as u64,
+            Err(_) => return Ok(()),
+        };
+        if end <= size {
+            return Ok(());
+        }
+        let from = offset.max(size);
+        match sys::fallocate(self.fd(), from, end - from) {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) => {
+                Err(self.err(Op::Write, from, end - from, e))
+            }
+            // Not supported here (or refused for another reason): the writes allocate as they go
+            // and report their own errors.
+            Err(_) => Ok(()),
+        }
     }
 
     /// Most tasks of one write request running at once. Buffered writes to one file serialise

@@ -1,6 +1,8 @@
 //! Shared helpers for the integration tests.
 
+use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use ferrio::{DirectMode, Settings};
 
@@ -49,3 +51,74 @@ pub fn settings(direct: DirectMode, overread: bool, task_size: u64) -> Settings 
 
 /// A byte pattern that differs from any test data at the same position, to poison buffers.
 pub const POISON: u8 = 0xA5;
+
+/// A small ext4 file system on a loop device, mounted in a temporary directory; unmounted,
+/// detached and removed on drop, also when a test fails.
+pub struct LoopFs {
+    dir: tempfile::TempDir,
+    dev: Option<String>,
+    mounted: bool,
+}
+
+impl LoopFs {
+    /// Makes one of `size_mib` MiB, or says why it cannot.
+    pub fn new(size_mib: u64) -> Result<LoopFs, String> {
+        if !ferrio::sys::is_root() {
+            return Err("needs root (losetup, mount)".into());
+        }
+        let dir = disk_dir();
+        let img = dir.path().join("fs.img");
+        let mut fs = LoopFs {
+            dir,
+            dev: None,
+            mounted: false,
+        };
+        let run = |cmd: &mut Command| -> Result<String, String> {
+            let o = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+            if !o.status.success() {
+                return Err(format!(
+                    "{cmd:?}: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ));
+            }
+            Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        fs::File::create(&img)
+            .and_then(|f| f.set_len(size_mib << 20))
+            .map_err(|e| e.to_string())?;
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(&img))?;
+        let dev = run(Command::new("losetup").args(["-f", "--show"]).arg(&img))?;
+        fs.dev = Some(dev.clone());
+        let mnt = fs.mount_point();
+        std::fs::create_dir(&mnt).map_err(|e| e.to_string())?;
+        run(Command::new("mount").arg(&dev).arg(&mnt))?;
+        fs.mounted = true;
+        Ok(fs)
+    }
+
+    pub fn mount_point(&self) -> PathBuf {
+        self.dir.path().join("mnt")
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        if self.mounted {
+            let ok = Command::new("umount")
+                .arg(self.mount_point())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                let _ = Command::new("umount")
+                    .arg("-l")
+                    .arg(self.mount_point())
+                    .status();
+            }
+        }
+        if let Some(dev) = &self.dev {
+            let _ = Command::new("losetup").args(["-d", dev]).status();
+        }
+    }
+}

@@ -196,3 +196,76 @@ fn direct_reads_never_write_past_end_of_file_into_the_buffer() {
         }
     }
 }
+
+#[test]
+fn a_parallel_direct_write_past_the_end_preallocates_once_and_writes_exactly() {
+    let d = disk_dir();
+    let path = make_file(d.path(), "grow", b"head");
+    let f = File::options()
+        .settings(settings(DirectMode::On, false, 1 << 20))
+        .open(&path, "r+")
+        .unwrap();
+    if !matches!(f.direct_support(), DirectSupport::Available { .. }) {
+        eprintln!("skipped: no O_DIRECT here");
+        return;
+    }
+    // A hole between the old end and the write stays a hole; the new range is exact.
+    let at = 3 << 20;
+    let bytes = data((6 << 20) + 4096, 41);
+    assert_eq!(f.write_at(&bytes, at).unwrap(), bytes.len());
+    assert_eq!(f.len().unwrap(), at + bytes.len() as u64);
+    let back = std::fs::read(&path).unwrap();
+    assert_eq!(&back[..4], b"head");
+    assert!(back[4..at as usize].iter().all(|&b| b == 0));
+    assert!(back[at as usize..] == bytes[..], "written bytes differ");
+    use std::os::unix::fs::MetadataExt;
+    let allocated = std::fs::metadata(&path).unwrap().blocks() * 512;
+    assert!(
+        allocated < at + bytes.len() as u64,
+        "the hole before the write was filled: {allocated} bytes allocated"
+    );
+}
+
+#[test]
+fn a_direct_write_too_big_for_the_disk_fails_before_writing_anything() {
+    let lfs = match super::common::LoopFs::new(48) {
+        Ok(l) => l,
+        Err(why) => {
+            eprintln!("skipped: a loop file system: {why}");
+            return;
+        }
+    };
+    let mnt = lfs.mount_point();
+    let path = make_file(&mnt, "target", b"old content");
+    // Leave about 4 MiB free, then write 16 MiB directly, 1 MiB per task.
+    let free = ferrio::sys::free_bytes(&mnt).unwrap();
+    File::options()
+        .open(mnt.join("filler"), "w")
+        .unwrap()
+        .allocate(free.saturating_sub(4 << 20))
+        .unwrap();
+    let f = File::options()
+        .settings(settings(DirectMode::On, false, 1 << 20))
+        .open(&path, "r+")
+        .unwrap();
+    if !matches!(f.direct_support(), DirectSupport::Available { .. }) {
+        eprintln!("skipped: no O_DIRECT on the loop file system");
+        return;
+    }
+    let bytes = data(16 << 20, 43);
+    let e = f.write_at(&bytes, 4096).unwrap_err();
+    assert_eq!(
+        e.os_error().and_then(|e| e.raw_os_error()),
+        Some(libc::ENOSPC),
+        "{e}"
+    );
+    assert!(e.to_string().contains("No space left"), "{e}");
+    assert_eq!(e.path(), Some(path.as_path()), "names the file: {e}");
+    // Nothing of the new data landed: the write failed before its first task.
+    let back = std::fs::read(&path).unwrap();
+    assert_eq!(&back[..11], b"old content");
+    assert!(
+        back[11..].iter().all(|&b| b == 0),
+        "part of the failed write reached the file"
+    );
+}
