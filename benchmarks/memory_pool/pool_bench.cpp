@@ -478,6 +478,7 @@ int main(int argc, char** argv)
   double spin_us            = 40;
   size_t kernel_bytes       = 1u << 20;
   std::string only          = "all";
+  int repeats               = 5;
   std::vector<std::string> allocators = {"ferrio", "rmm-pool", "cuMemAllocAsync"};
   Json json;
   for (int i = 1; i < argc; ++i) {
@@ -493,13 +494,14 @@ int main(int argc, char** argv)
     else if (a == "--kernels") { kernels_per = ints(next()); }
     else if (a == "--spin-us") { spin_us = std::atof(next()); }
     else if (a == "--only") { only = next(); }
+    else if (a == "--repeat") { repeats = std::max(1, std::atoi(next())); }
     else if (a == "--allocators") { allocators = words(next()); }
     else if (a == "--json") {
       json.f = std::fopen(next(), "w");
       if (json.f == nullptr) { die("cannot open the JSON file"); }
     } else {
       die("usage: pool_bench [--seconds S] [--threads 1,4,16] [--streams 1,4,16] "
-          "[--kernel-streams 1,4,8,16,32] [--kernels 4,32] [--spin-us 40] "
+          "[--kernel-streams 1,4,8,16,32] [--kernels 4,32] [--spin-us 40] [--repeat 5] "
           "[--only contention|kernels|all] [--allocators ferrio,rmm-pool,cuMemAllocAsync] "
           "[--json PATH]");
     }
@@ -560,20 +562,48 @@ int main(int argc, char** argv)
                   "max_alloc_us");
       std::vector<std::string> all = {"none"};
       all.insert(all.end(), allocators.begin(), allocators.end());
+      // Each configuration `repeats` times, the allocators taking turns within a repetition
+      // (launch timing from many threads swings a single run by 2-5x); reported: the median
+      // wall time (and the overlap it gives), the median of the mean allocate/free times, and
+      // the worst allocate of all repetitions.
       for (Start start : {Start::Warm, Start::Fresh, Start::Empty}) {
         const char* sn = start_name(start);
-        for (auto& name : all) {
-          for (int n : kstreams) {
-            for (int k : kernels_per) {
-              KernelResult r{};
-              try {
-                auto a = make(name, start, kernel_bytes);
-                r      = kernels(*a, d, n, k, spin_ns, kernel_bytes, start == Start::Warm);
-              } catch (std::exception const& e) {
+        for (int n : kstreams) {
+          for (int k : kernels_per) {
+            std::vector<std::vector<KernelResult>> runs(all.size());
+            std::vector<std::string> failed(all.size());
+            for (int rep = 0; rep < repeats; ++rep) {
+              for (size_t i = 0; i < all.size(); ++i) {
+                if (!failed[i].empty()) { continue; }
+                try {
+                  auto a = make(all[i], start, kernel_bytes);
+                  runs[i].push_back(
+                    kernels(*a, d, n, k, spin_ns, kernel_bytes, start == Start::Warm));
+                } catch (std::exception const& e) {
+                  failed[i] = e.what();
+                }
+              }
+            }
+            for (size_t i = 0; i < all.size(); ++i) {
+              auto const& name = all[i];
+              if (!failed[i].empty()) {
                 std::printf("%-16s %5s %7d %7d failed: %s\n", name.c_str(), sn, n, k,
-                            e.what());
+                            failed[i].c_str());
                 continue;
               }
+              auto med = [&](auto field) {
+                std::vector<double> v;
+                for (auto const& r : runs[i]) { v.push_back(field(r)); }
+                std::sort(v.begin(), v.end());
+                size_t m = v.size() / 2;
+                return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+              };
+              KernelResult r{};
+              r.wall_ms  = med([](KernelResult const& x) { return x.wall_ms; });
+              r.ideal_ms = runs[i].front().ideal_ms;
+              r.alloc_us = med([](KernelResult const& x) { return x.alloc_us; });
+              r.free_us  = med([](KernelResult const& x) { return x.free_us; });
+              for (auto const& x : runs[i]) { r.max_alloc_us = std::max(r.max_alloc_us, x.max_alloc_us); }
               std::printf("%-16s %5s %7d %7d %10.3f %10.3f %7.0f%% %10.2f %10.2f %12.2f\n",
                           name.c_str(), sn, n, k, r.wall_ms, r.ideal_ms,
                           100.0 * r.ideal_ms / r.wall_ms, r.alloc_us, r.free_us, r.max_alloc_us);
@@ -581,11 +611,11 @@ int main(int argc, char** argv)
               std::ostringstream j;
               j << R"({"scenario":"kernels","allocator":")" << name << R"(","start":")" << sn
                 << R"(","prewarmed":)" << (start == Start::Warm ? "true" : "false")
-                << R"(,"streams":)" << n << R"(,"kernels_per_stream":)"
-                << k << R"(,"spin_us":)" << spin_us << R"(,"wall_ms":)" << r.wall_ms
-                << R"(,"ideal_ms":)" << r.ideal_ms << R"(,"alloc_us_mean":)" << r.alloc_us
-                << R"(,"free_us_mean":)" << r.free_us << R"(,"alloc_us_max":)" << r.max_alloc_us
-                << "}";
+                << R"(,"streams":)" << n << R"(,"kernels_per_stream":)" << k
+                << R"(,"repeats":)" << runs[i].size() << R"(,"spin_us":)" << spin_us
+                << R"(,"wall_ms":)" << r.wall_ms << R"(,"ideal_ms":)" << r.ideal_ms
+                << R"(,"alloc_us_mean":)" << r.alloc_us << R"(,"free_us_mean":)" << r.free_us
+                << R"(,"alloc_us_max":)" << r.max_alloc_us << "}";
               json.line(j.str());
             }
           }
