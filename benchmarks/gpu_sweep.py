@@ -3,13 +3,13 @@
 (fresh pools and bounce rings; a warm-up read pays their set-up), hot and cold reads of one file
 into a CuPy array, and writes from GPU memory; KvikIO 16 threads in the same way as reference.
 
-    python3 benchmarks/gpu_sweep.py FILE [--plan full|focus] [--json OUT]
+    python3 benchmarks/gpu_sweep.py FILE [--plan full|focus|hot] [--json OUT]
     (FILE: a few GiB, on the disk to test)
 
-Plans: "full" chose the defaults (threads x ring shapes x task sizes); "focus" is the short one
-for what is still open: the host-side ceiling of hot reads (the same read into pinned host
-memory, no GPU copy), writes from GPU memory with fewer writes in flight and larger ones, and
-cold reads at fewer threads.
+Plans: "full" chose the defaults (threads x ring shapes x task sizes); "hot" tries larger device
+tasks for hot reads; "focus" is the short one for what was open in the second session: the
+host-side ceiling of hot reads (the same read into pinned host memory, no GPU copy), writes
+from GPU memory with fewer writes in flight and larger ones, and cold reads at fewer threads.
 """
 
 from __future__ import annotations
@@ -61,6 +61,13 @@ WRITE = [
     {"FERRIO_THREADS_PER_DEVICE": "4"},
     {"FERRIO_THREADS_PER_DEVICE": "8"},
     {"FERRIO_BOUNCE_BUFFER_SIZE": "16MiB"},
+]
+# Hot reads with fewer ring drains: a device task waits for its last copy before it returns, so
+# larger tasks keep each worker's disk-side and copy-side overlapping for longer.
+HOT_TASKS = [{}] + [
+    {"FERRIO_TASK_SIZE": task, "FERRIO_THREADS_PER_DEVICE": str(t)}
+    for task in ("32MiB", "128MiB")
+    for t in (8, 16)
 ]
 COLD_FOCUS = [
     {"FERRIO_THREADS_PER_DEVICE": "4"},
@@ -156,7 +163,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--plan", choices=("full", "focus"), default="full")
+    ap.add_argument("--plan", choices=("full", "focus", "hot"), default="full")
     ap.add_argument("--child", nargs=3, metavar=("ENGINE", "MODE", "REPS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -188,7 +195,12 @@ def main() -> int:
         line = f"{mode:5s} {engine:7s} {rate:7.2f} GiB/s {cpu_s:6.3f} CPU s/GiB  {label}"
         print(line, flush=True)
 
-    if args.plan == "focus":
+    if args.plan == "hot":
+        run("kvikio", "hot", {}, 3)
+        for env in HOT_TASKS:
+            run("ferrio", "hot", env, 3)
+        run("ferrio", "hot", {}, 3)
+    elif args.plan == "focus":
         run("kvikio", "hot", {}, 3)
         run("ferrio", "hot", {}, 3)
         run("ferrio-pinned", "hot", {}, 3)
