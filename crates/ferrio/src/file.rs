@@ -609,11 +609,16 @@ impl File {
         } else {
             offset
         };
-        // A task spans the whole ring, so that inside it the read of one buffer overlaps the copy
-        // of the one before.
+        // A task spans the ring at least, so that inside it the read of one buffer overlaps the
+        // copy of the one before, and several rings where the transfer is large enough.
         let ring_bytes =
             self.inner.settings.bounce_buffer_size * self.inner.settings.bounce_buffers as u64;
-        let task_size = self.choices.task_size.max(ring_bytes);
+        let task_size = plan::device_task_size(
+            len,
+            self.choices.task_size,
+            ring_bytes,
+            self.inner.pool.width(),
+        );
         let tasks = self.plan_with(offset, len, task_size)?;
         if direction == Direction::Write {
             self.extend_for_direct_write(offset, len, tasks.len())?;

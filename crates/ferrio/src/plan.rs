@@ -99,8 +99,51 @@ pub fn align_up(x: u64, align: u64) -> u64 {
     (x + align - 1) & !(align - 1)
 }
 
+/// Largest task of a transfer between a file and GPU memory.
+pub const MAX_DEVICE_TASK: u64 = 128 << 20;
+
+/// Bytes per task of a `len`-byte transfer between a file and GPU memory on a pool of `threads`
+/// threads, whose rings hold `ring_bytes` each. A device task ends by waiting for its last copy
+/// (its worker's ring drains), so longer tasks keep a worker's reads and copies overlapping for
+/// longer: about four tasks per thread, at most [`MAX_DEVICE_TASK`], never less than the ring
+/// or `task_size`. Measured hot, 4 GiB into an H200: 8 MiB tasks 46.5 GiB/s, 32 MiB 48.3–48.4,
+/// 128 MiB 48.7–48.9 (`benchmarks/gpu_sweep.py --plan hot`).
+pub fn device_task_size(len: usize, task_size: u64, ring_bytes: u64, threads: usize) -> u64 {
+    let share = (len as u64).div_ceil(4 * threads.max(1) as u64);
+    share.min(MAX_DEVICE_TASK).max(ring_bytes).max(task_size)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn device_tasks_give_every_thread_work_and_grow_to_the_cap() {
+        const MIB: u64 = 1 << 20;
+        // A small transfer: the ring (or the task size setting) is the floor.
+        assert_eq!(
+            super::device_task_size(64 << 20, 4 * MIB, 8 * MIB, 16),
+            8 * MIB
+        );
+        assert_eq!(
+            super::device_task_size(64 << 20, 16 * MIB, 8 * MIB, 16),
+            16 * MIB
+        );
+        // About four tasks per thread in between.
+        assert_eq!(
+            super::device_task_size(2 << 30, 4 * MIB, 8 * MIB, 16),
+            32 * MIB
+        );
+        // A large one: the cap.
+        assert_eq!(
+            super::device_task_size(8 << 30, 4 * MIB, 8 * MIB, 16),
+            super::MAX_DEVICE_TASK
+        );
+        // No threads reported counts as one.
+        assert_eq!(
+            super::device_task_size(64 << 20, 4 * MIB, 8 * MIB, 0),
+            16 * MIB
+        );
+    }
+
     use super::*;
     use proptest::prelude::*;
 

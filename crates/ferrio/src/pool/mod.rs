@@ -179,6 +179,11 @@ impl DevicePool {
         &self.key
     }
 
+    /// Most threads this pool may run.
+    pub(crate) fn width(&self) -> usize {
+        self.max_threads.load(Ordering::Relaxed)
+    }
+
     fn lock(&self) -> MutexGuard<'_, VecDeque<Arc<Job>>> {
         // Only whole pushes/pops happen under this lock, so a poisoned queue is consistent.
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
