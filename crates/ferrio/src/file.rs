@@ -520,10 +520,16 @@ impl File {
     }
 
     fn plan(&self, offset: u64, len: usize) -> Result<Vec<Task>> {
-        self.plan_with(offset, len, self.choices.task_size)
+        self.check_range(offset, len)?;
+        Ok(plan::split(
+            offset,
+            len,
+            self.choices.task_size,
+            self.plan_align(),
+        ))
     }
 
-    fn plan_with(&self, offset: u64, len: usize, task_size: u64) -> Result<Vec<Task>> {
+    fn check_range(&self, offset: u64, len: usize) -> Result<()> {
         if offset
             .checked_add(len as u64)
             .is_none_or(|end| end > i64::MAX as u64)
@@ -532,7 +538,7 @@ impl File {
                 "offset {offset} + length {len} is past the largest file offset"
             )));
         }
-        Ok(plan::split(offset, len, task_size, self.plan_align()))
+        Ok(())
     }
 
     /// # Safety
@@ -613,13 +619,16 @@ impl File {
         // copy of the one before, and several rings where the transfer is large enough.
         let ring_bytes =
             self.inner.settings.bounce_buffer_size * self.inner.settings.bounce_buffers as u64;
-        let task_size = plan::device_task_size(
+        self.check_range(offset, len)?;
+        let min_task = self.choices.task_size.max(ring_bytes);
+        let tasks = plan::split_guided(
+            offset,
             len,
-            self.choices.task_size,
-            ring_bytes,
-            self.inner.pool.width(),
+            min_task,
+            plan::MAX_DEVICE_TASK.max(min_task),
+            2 * self.inner.pool.width() as u64,
+            self.plan_align(),
         );
-        let tasks = self.plan_with(offset, len, task_size)?;
         if direction == Direction::Write {
             self.extend_for_direct_write(offset, len, tasks.len())?;
         }

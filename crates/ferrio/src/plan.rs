@@ -102,45 +102,74 @@ pub fn align_up(x: u64, align: u64) -> u64 {
 /// Largest task of a transfer between a file and GPU memory.
 pub const MAX_DEVICE_TASK: u64 = 128 << 20;
 
-/// Bytes per task of a `len`-byte transfer between a file and GPU memory on a pool of `threads`
-/// threads, whose rings hold `ring_bytes` each. A device task ends by waiting for its last copy
-/// (its worker's ring drains), so longer tasks keep a worker's reads and copies overlapping for
-/// longer: about four tasks per thread, at most [`MAX_DEVICE_TASK`], never less than the ring
-/// or `task_size`. Measured hot, 4 GiB into an H200: 8 MiB tasks 46.5 GiB/s, 32 MiB 48.3–48.4,
-/// 128 MiB 48.7–48.9 (`benchmarks/gpu_sweep.py --plan hot`).
-pub fn device_task_size(len: usize, task_size: u64, ring_bytes: u64, threads: usize) -> u64 {
-    let share = (len as u64).div_ceil(4 * threads.max(1) as u64);
-    share.min(MAX_DEVICE_TASK).max(ring_bytes).max(task_size)
+/// Splits `[offset, offset+len)` into tasks that shrink as the range is used up: each is about
+/// `1/parts` of what is left, within `min_task..=max_task` (guided scheduling), and the last
+/// takes the rest rather than leave less than `min_task`. Early tasks are long; the last ones
+/// are short, so threads finish together. Boundaries are aligned as in
+/// [`split`] when `min_task >= align`.
+///
+/// Used for transfers between a file and GPU memory, whose tasks each end by waiting for their
+/// last copy (the worker's bounce ring drains): long tasks overlap reads and copies for longer.
+/// Measured hot, 4 GiB into an H200 (`benchmarks/gpu_sweep.py --plan hot`): fixed 8 MiB tasks
+/// 46.5 GiB/s, 32 MiB 48.3–48.4, 128 MiB 48.7–48.9.
+pub fn split_guided(
+    offset: u64,
+    len: usize,
+    min_task: u64,
+    max_task: u64,
+    parts: u64,
+    align: u64,
+) -> Vec<Task> {
+    debug_assert!(align.is_power_of_two());
+    let min_task = min_task.max(1);
+    let max_task = max_task.max(min_task);
+    let end = offset + len as u64;
+    let mut tasks = Vec::new();
+    let mut pos = offset;
+    while pos < end {
+        let size = (end - pos).div_ceil(parts.max(1)).clamp(min_task, max_task);
+        let mut stop = if size >= align {
+            // At least one alignment unit past `pos`, since `size >= align`.
+            align_down(pos + size, align)
+        } else {
+            pos + size
+        }
+        .min(end);
+        if end - stop < min_task && end - pos <= max_task {
+            // No task shorter than `min_task` after this one: it takes the rest.
+            stop = end;
+        }
+        tasks.push(Task {
+            offset: pos,
+            len: (stop - pos) as usize,
+            buf_offset: (pos - offset) as usize,
+        });
+        pos = stop;
+    }
+    tasks
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn device_tasks_give_every_thread_work_and_grow_to_the_cap() {
+    fn guided_tasks_shrink_to_the_floor_and_start_at_the_cap() {
         const MIB: u64 = 1 << 20;
-        // A small transfer: the ring (or the task size setting) is the floor.
-        assert_eq!(
-            super::device_task_size(64 << 20, 4 * MIB, 8 * MIB, 16),
-            8 * MIB
+        let tasks = super::split_guided(0, 8 << 30, 8 * MIB, 128 * MIB, 32, 4096);
+        assert_eq!(tasks[0].len as u64, 128 * MIB, "long tasks first");
+        let last = tasks.last().unwrap().len as u64;
+        assert!(
+            (8 * MIB..16 * MIB).contains(&last),
+            "short ones last: {last}"
         );
-        assert_eq!(
-            super::device_task_size(64 << 20, 16 * MIB, 8 * MIB, 16),
-            16 * MIB
+        let but_last = &tasks[..tasks.len() - 1];
+        assert!(
+            but_last.windows(2).all(|w| w[1].len <= w[0].len),
+            "never growing, but for the last, which takes the rest"
         );
-        // About four tasks per thread in between.
+        // A transfer smaller than `min_task` is one task.
         assert_eq!(
-            super::device_task_size(2 << 30, 4 * MIB, 8 * MIB, 16),
-            32 * MIB
-        );
-        // A large one: the cap.
-        assert_eq!(
-            super::device_task_size(8 << 30, 4 * MIB, 8 * MIB, 16),
-            super::MAX_DEVICE_TASK
-        );
-        // No threads reported counts as one.
-        assert_eq!(
-            super::device_task_size(64 << 20, 4 * MIB, 8 * MIB, 0),
-            16 * MIB
+            super::split_guided(5, 1000, 8 * MIB, 128 * MIB, 32, 4096).len(),
+            1
         );
     }
 
@@ -185,6 +214,32 @@ mod tests {
                     prop_assert_eq!(t.len as u64, step);
                 }
             }
+        }
+
+        #[test]
+        fn guided_tasks_cover_the_range_exactly_once_with_aligned_boundaries(
+            offset in 0u64..1 << 40,
+            len in 0usize..1 << 26,
+            min_task in 1u64..1 << 22,
+            extra in 0u64..1 << 24,
+            parts in 0u64..64,
+            align in aligns(),
+        ) {
+            let max_task = min_task + extra;
+            let tasks = super::split_guided(offset, len, min_task, max_task, parts, align);
+            let mut pos = offset;
+            for (i, t) in tasks.iter().enumerate() {
+                prop_assert_eq!(t.offset, pos, "contiguous, no overlap, no gap");
+                prop_assert!(t.len > 0);
+                prop_assert_eq!(t.buf_offset as u64, t.offset - offset);
+                prop_assert!(t.len as u64 <= max_task, "task {} > max {}", t.len, max_task);
+                if min_task >= align && i > 0 {
+                    prop_assert_eq!(t.offset % align, 0, "only the first task starts unaligned");
+                }
+                pos += t.len as u64;
+            }
+            prop_assert_eq!(pos, offset + len as u64);
+            if len == 0 { prop_assert!(tasks.is_empty()); }
         }
 
         #[test]
