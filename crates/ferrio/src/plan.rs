@@ -111,7 +111,8 @@ pub const MAX_DEVICE_TASK: u64 = 128 << 20;
 /// Used for transfers between a file and GPU memory, whose tasks each end by waiting for their
 /// last copy (the worker's bounce ring drains): long tasks overlap reads and copies for longer.
 /// Measured hot, 4 GiB into an H200 (`benchmarks/gpu_sweep.py --plan hot`): fixed 8 MiB tasks
-/// 46.5 GiB/s, 32 MiB 48.3–48.4, 128 MiB 48.7–48.9.
+/// 46.5 GiB/s, 32 MiB 48.3–48.4, 128 MiB 48.7–48.9; 8 GiB (`benchmarks/gpu_compare.py`): guided
+/// 48.32, fixed 128 MiB 48.44.
 pub fn split_guided(
     offset: u64,
     len: usize,
