@@ -164,23 +164,8 @@ impl FreeBlocks {
     /// returns them; the front of the block stays free under the same key (one index update
     /// instead of a remove and an insert in each index).
     pub fn carve_best_fit(&mut self, size: usize) -> Option<FreeBlock> {
-        let &(found, addr) = self.by_size.range((size, 0)..).next()?;
-        if found == size {
-            return self.remove(addr);
-        }
-        let rest = found - size;
-        let entry = self.by_addr.get_mut(&addr)?;
-        entry.size = rest;
-        let cut = FreeBlock {
-            addr: addr + rest,
-            size,
-            chunk: entry.chunk,
-            seq: entry.seq,
-        };
-        self.by_size.remove(&(found, addr));
-        self.by_size.insert((rest, addr));
-        self.bytes -= size;
-        Some(cut)
+        let &(_, addr) = self.by_size.range((size, 0)..).next()?;
+        self.carve(addr, size)
     }
 
     /// Cuts `size` bytes from the end of the free block at `addr` (which must hold at least
