@@ -461,7 +461,12 @@ impl File {
     /// Returns `Ok(false)`, changing nothing, where the file system cannot preallocate.
     pub fn allocate(&self, len: u64) -> Result<bool> {
         self.check_mode(Op::Write)?;
-        match sys::fallocate(self.inner.fd.as_fd(), 0, len) {
+        self.fallocate(0, len)
+    }
+
+    /// `fallocate` of `[offset, offset+len)`; `Ok(false)` where the file system cannot.
+    fn fallocate(&self, offset: u64, len: u64) -> Result<bool> {
+        match sys::fallocate(self.fd(), offset, len) {
             Ok(()) => Ok(true),
             Err(e)
                 if matches!(
@@ -471,7 +476,7 @@ impl File {
             {
                 Ok(false)
             }
-            Err(e) => Err(self.err(Op::Write, 0, len, e)),
+            Err(e) => Err(self.err(Op::Write, offset, len, e)),
         }
     }
 
@@ -698,13 +703,17 @@ impl File {
             return Ok(());
         }
         let from = offset.max(size);
-        match sys::fallocate(self.fd(), from, end - from) {
-            Ok(()) => Ok(()),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) => {
-                Err(self.err(Op::Write, from, end - from, e))
+        match self.fallocate(from, end - from) {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.os_error()
+                    .and_then(|e| e.raw_os_error())
+                    .is_some_and(|c| c == libc::ENOSPC || c == libc::EDQUOT) =>
+            {
+                Err(e)
             }
-            // Not supported here (or refused for another reason): the writes allocate as they go
-            // and report their own errors.
+            // Refused for another reason: the writes allocate as they go and report their own
+            // errors.
             Err(_) => Ok(()),
         }
     }
