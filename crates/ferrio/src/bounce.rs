@@ -6,7 +6,11 @@
 //! `pread` or `O_DIRECT` happens there), start the host-to-device copy of those bytes on the
 //! stream, record event i, go on with buffer i+1 — so reading chunk i+1 overlaps copying chunk i.
 //! Writing mirrors it: up to K device-to-host copies are in flight while the caller writes the
-//! oldest finished one to the file. A call returns only when every copy it started has finished.
+//! oldest finished one to the file. A call returns only when every copy it started has finished,
+//! except [`BounceRing::start_read_to_device`], which leaves the last copies running so that a
+//! worker reading one task after another never waits for the copy engine between them; the
+//! engine's device reads use it and settle with [`BounceRing::finish`] before they report (see
+//! [`crate::pool`]: a worker settles before it goes idle or turns to another request).
 //!
 //! The ring is generic over [`CopyEngine`], a small trait over pinned memory, streams, events and
 //! asynchronous copies, so the same code runs against the real driver
@@ -263,6 +267,9 @@ pub struct BounceRing<E: CopyEngine> {
     depth: usize,
     stream: Option<E::Stream>,
     slots: Vec<Slot<E::Event>>,
+    /// The buffer the next read starts with: the one after the last used, whose copy is the
+    /// oldest still possibly running.
+    next: usize,
     grow_failed: bool,
     poisoned: bool,
     stats: RingStats,
@@ -311,6 +318,7 @@ impl<E: CopyEngine> BounceRing<E> {
             depth,
             stream: None,
             slots: Vec::with_capacity(depth),
+            next: 0,
             grow_failed: false,
             poisoned: false,
             stats: RingStats::default(),
@@ -379,6 +387,29 @@ impl<E: CopyEngine> BounceRing<E> {
         file_offset: u64,
         read_chunk: &mut dyn FnMut(&mut [u8], u64) -> Result<usize>,
     ) -> Result<usize> {
+        let started = self.start_read_to_device(dst, len, file_offset, read_chunk);
+        let finished = self.finish();
+        match (started, finished) {
+            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            (Ok(done), Ok(())) => Ok(done),
+        }
+    }
+
+    /// As [`read_to_device`](Self::read_to_device), but returns as soon as the last chunk's
+    /// copy has started: up to one copy per buffer may still be running, and the device bytes
+    /// are final only after [`finish`](Self::finish). A worker reading several ranges in a row
+    /// calls this for each and `finish` once, so the disk never waits for the copy engine
+    /// between ranges. A later call waits for a buffer's copy only when it needs the buffer.
+    ///
+    /// # Errors
+    /// As for `read_to_device`; after an error every copy has completed.
+    pub fn start_read_to_device(
+        &mut self,
+        dst: DevicePtr,
+        len: usize,
+        file_offset: u64,
+        read_chunk: &mut dyn FnMut(&mut [u8], u64) -> Result<usize>,
+    ) -> Result<usize> {
         self.check_call(dst, len, file_offset)?;
         if len == 0 {
             return Ok(0);
@@ -387,7 +418,7 @@ impl<E: CopyEngine> BounceRing<E> {
         self.grow();
         let mut done = 0usize;
         let mut first_error = None;
-        let mut i = 0;
+        let mut i = self.next % self.slots.len();
         while done < len {
             let want = self.buffer_len.min(len - done);
             if let Err(e) = self.reclaim(i) {
@@ -422,16 +453,34 @@ impl<E: CopyEngine> BounceRing<E> {
                 break;
             }
             done += got;
+            i = (i + 1) % self.slots.len();
             if got < want {
                 break;
             }
-            i = (i + 1) % self.slots.len();
         }
-        let drained = self.drain();
-        match (first_error, drained) {
-            (Some(e), _) | (None, Err(e)) => Err(e),
-            (None, Ok(())) => Ok(done),
+        self.next = i;
+        match first_error {
+            Some(e) => {
+                // Report the first error, but only once nothing runs any more.
+                let _ = self.drain();
+                Err(e)
+            }
+            None => Ok(done),
         }
+    }
+
+    /// Waits until every copy the ring started has completed: the device bytes of every
+    /// [`start_read_to_device`](Self::start_read_to_device) before it are final.
+    ///
+    /// # Errors
+    /// When a copy failed while running, or the driver refuses; the ring is then poisoned (its
+    /// buffers may still be in use by copies nobody can wait for).
+    pub fn finish(&mut self) -> Result<()> {
+        if !self.slots.iter().any(|s| s.busy) {
+            return Ok(());
+        }
+        let _bound = self.engine.bind()?;
+        self.drain()
     }
 
     /// Writes `len` bytes of device memory from `src` to a file from `file_offset` on, and
@@ -459,6 +508,9 @@ impl<E: CopyEngine> BounceRing<E> {
             return Ok(0);
         }
         let _bound = self.engine.bind()?;
+        // Reads left running (`start_read_to_device`) finish first: this loop hands out the
+        // buffers in its own order.
+        self.drain()?;
         self.grow();
         let b = self.buffer_len;
         let k = self.slots.len();
@@ -841,6 +893,48 @@ pub fn read_to_device(
 ) -> Result<usize> {
     with_thread_ring(context, settings, |ring| {
         ring.read_to_device(dst, len, file_offset, read_chunk)
+    })
+}
+
+/// As [`read_to_device`], but returns with the last copies possibly still running on the
+/// calling thread's ring: the bytes are in device memory only after [`finish_thread_ring`] for
+/// `context` on this thread (see [`BounceRing::start_read_to_device`]).
+///
+/// # Errors
+/// As for [`read_to_device`].
+pub fn start_read_to_device(
+    context: Context,
+    dst: DevicePtr,
+    len: usize,
+    file_offset: u64,
+    settings: &Settings,
+    read_chunk: &mut dyn FnMut(&mut [u8], u64) -> Result<usize>,
+) -> Result<usize> {
+    with_thread_ring(context, settings, |ring| {
+        ring.start_read_to_device(dst, len, file_offset, read_chunk)
+    })
+}
+
+/// Waits for every copy of the calling thread's ring for `context` (nothing to do if the thread
+/// has none): the device bytes of every [`start_read_to_device`] before it are final.
+///
+/// # Errors
+/// As for [`BounceRing::finish`].
+pub fn finish_thread_ring(context: Context) -> Result<()> {
+    THREAD_RINGS.with(|cell| {
+        let mut set = cell.try_borrow_mut().map_err(|_| {
+            Error::InvalidArgument(
+                "a bounce ring was finished from inside a read or write callback".to_string(),
+            )
+        })?;
+        match set.as_mut().and_then(|set| {
+            set.rings
+                .iter_mut()
+                .find(|r| r.engine().context() == context)
+        }) {
+            Some(ring) => ring.finish(),
+            None => Ok(()),
+        }
     })
 }
 

@@ -642,15 +642,29 @@ impl File {
             let at = DevicePtr(ptr.0 + t.buf_offset as u64);
             let settings = &file.inner.settings;
             if direction == Direction::Read {
-                bounce::read_to_device(context, at, t.len, t.offset, settings, &mut |buf, off| {
-                    let chunk = Task {
-                        offset: off,
-                        len: buf.len(),
-                        buf_offset: 0,
-                    };
-                    // SAFETY: `buf` is the ring's pinned buffer, valid for `buf.len()` bytes.
-                    unsafe { file.read_task(w, buf.as_mut_ptr(), &chunk) }
-                })
+                // The last copies may still run when the task returns: the worker reads its
+                // next task meanwhile, and the request completes once they have finished.
+                let started = bounce::start_read_to_device(
+                    context,
+                    at,
+                    t.len,
+                    t.offset,
+                    settings,
+                    &mut |buf, off| {
+                        let chunk = Task {
+                            offset: off,
+                            len: buf.len(),
+                            buf_offset: 0,
+                        };
+                        // SAFETY: `buf` is the ring's pinned buffer, valid for `buf.len()` bytes.
+                        unsafe { file.read_task(w, buf.as_mut_ptr(), &chunk) }
+                    },
+                );
+                w.leave_running(
+                    context.id(),
+                    Box::new(move || bounce::finish_thread_ring(context)),
+                );
+                started
             } else {
                 bounce::write_from_device(
                     context,

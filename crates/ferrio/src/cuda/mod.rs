@@ -126,6 +126,12 @@ impl Context {
         Ok(*slots[ordinal].get_or_init(|| ctx))
     }
 
+    /// A number naming this context while the process lives (contexts ferrio finds are never
+    /// released, so no other context takes the number).
+    pub(crate) fn id(self) -> u64 {
+        self.0.as_ptr() as usize as u64
+    }
+
     /// Makes this context current on the calling thread until the guard is dropped, which
     /// restores the previous one. Nothing is pushed if it is current already.
     ///

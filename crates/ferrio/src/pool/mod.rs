@@ -7,6 +7,12 @@
 //! share of the pool's threads. Threads start lazily when work arrives and live for the rest of
 //! the process. The pool knows nothing of files: a job carries a closure that runs one task.
 //!
+//! A task may return with work still running on its worker (a bounce ring's last copies to the
+//! GPU): it says so with `Worker::leave_running`, and its outcome is held back until the worker
+//! settles that work, which it does before it turns to another job, before it waits for work and
+//! before its thread ends. A worker running several tasks of one job in a row so keeps its copies
+//! flowing, and the job still completes only when all its work has.
+//!
 //! Lock order: the registry lock is never held while a pool's queue lock is taken; a pool's
 //! queue lock is held only to push or pop jobs (never across a task or a syscall); a
 //! `Completion` lock is taken last and only by `future.rs`.
@@ -26,9 +32,29 @@ use crate::plan::Task;
 use crate::sys::AlignedBuf;
 
 /// Per-thread state a task may use: scratch memory for unaligned direct I/O, reused across
-/// tasks so no task allocates.
+/// tasks so no task allocates, and work a task left running on the thread.
 pub(crate) struct Worker {
     scratch: Option<AlignedBuf>,
+    unsettled: Unsettled,
+}
+
+/// Waits for work a task left running on its worker (copies still in flight on a bounce ring's
+/// stream, say); an error fails the tasks that left it.
+pub(crate) type Settle = Box<dyn FnOnce() -> Result<()>>;
+
+/// Work tasks left running on one worker, and the tasks whose outcome waits for it.
+///
+/// A task that returns with work in flight (see [`Worker::leave_running`]) is not reported to
+/// its request until that work has finished, so a request completes only when all of it has.
+/// The worker settles before it runs a task of another job, before it waits for work, and before
+/// its thread ends: a worker taking the next task of the same job keeps its work flowing, and
+/// the request's completion is not delayed (it waits for that next task anyway).
+#[derive(Default)]
+struct Unsettled {
+    /// How to wait for each kind of work left running, by a key chosen by the task.
+    settle: Vec<(u64, Settle)>,
+    /// Tasks that returned while work was left running: their job, index and outcome.
+    tasks: Vec<(Arc<Job>, usize, Result<usize>)>,
 }
 
 /// Bytes of each worker's aligned scratch buffer. Direct I/O into unaligned memory and
@@ -38,7 +64,52 @@ pub(crate) const SCRATCH_BYTES: usize = 4 << 20;
 
 impl Worker {
     fn new() -> Worker {
-        Worker { scratch: None }
+        Worker {
+            scratch: None,
+            unsettled: Unsettled::default(),
+        }
+    }
+
+    /// Says that the running task leaves work in flight on this thread: its outcome (and the
+    /// outcome of later tasks on this worker, until it settles) is reported only after `settle`
+    /// has returned. One `settle` per `key` is kept; a second one with the same key is dropped,
+    /// so `key` must name the work (one bounce ring, say) and `settle` wait for all of it.
+    pub(crate) fn leave_running(&mut self, key: u64, settle: Settle) {
+        if !self.unsettled.settle.iter().any(|(k, _)| *k == key) {
+            self.unsettled.settle.push((key, settle));
+        }
+    }
+
+    /// Whether tasks' outcomes wait for work left running here.
+    fn is_unsettled(&self) -> bool {
+        !self.unsettled.settle.is_empty() || !self.unsettled.tasks.is_empty()
+    }
+
+    /// Whether work left running belongs to a job other than `job`.
+    fn unsettled_other_than(&self, job: &Arc<Job>) -> bool {
+        self.unsettled
+            .tasks
+            .iter()
+            .any(|(j, _, _)| !Arc::ptr_eq(j, job))
+    }
+
+    /// Waits for the work left running, then reports the tasks that waited for it; if waiting
+    /// fails, tasks that had succeeded report that error.
+    fn settle(&mut self) {
+        let Unsettled { settle, tasks } = std::mem::take(&mut self.unsettled);
+        let mut failed = None;
+        for (_, f) in settle {
+            if let Err(e) = f() {
+                failed.get_or_insert(e);
+            }
+        }
+        for (job, index, outcome) in tasks {
+            let outcome = match (&failed, outcome) {
+                (Some(e), Ok(_)) => Err(e.clone()),
+                (_, outcome) => outcome,
+            };
+            job.completion.finish_task(&job.tasks[index], Some(outcome));
+        }
     }
 
     /// The worker's scratch buffer, aligned to `align` (allocated on first use, reused after).
@@ -197,8 +268,12 @@ impl DevicePool {
             return;
         }
         if request.inline_ok && n == 1 && request.tasks[0].len <= INLINE_MAX_BYTES {
-            let job = Job::new(request, 1);
-            INLINE_WORKER.with(|w| self.run_task(&mut w.borrow_mut(), &job, 0));
+            let job = Arc::new(Job::new(request, 1));
+            INLINE_WORKER.with(|w| {
+                let mut w = w.borrow_mut();
+                self.run_task(&mut w, &job, 0);
+                w.settle();
+            });
             return;
         }
         let job = Arc::new(Job::new(request, 0));
@@ -255,6 +330,7 @@ impl DevicePool {
                 loop {
                     if self.retire_one() {
                         drop(q);
+                        worker.settle();
                         // A thread that ends normally gives its pinned bounce buffers back.
                         crate::bounce::release_thread_rings();
                         return;
@@ -265,6 +341,14 @@ impl DevicePool {
                         .position(|j| j.may_start())
                         .and_then(|i| q.remove(i))
                     else {
+                        if worker.is_unsettled() {
+                            // No task to run now: report the ones waiting on this worker
+                            // before sleeping (without the queue lock), then look again.
+                            drop(q);
+                            worker.settle();
+                            q = self.lock();
+                            continue;
+                        }
                         q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
                         continue;
                     };
@@ -292,6 +376,10 @@ impl DevicePool {
             self.counters
                 .queued
                 .fetch_sub(claimed.len() as u64, Ordering::Relaxed);
+            if worker.unsettled_other_than(&job) {
+                // Another job's outcome waits on this worker: do not make it wait for this one.
+                worker.settle();
+            }
             let capped = job.max_active != usize::MAX && claimed.len() == 1;
             for index in claimed {
                 self.run_task(&mut worker, &job, index);
@@ -322,7 +410,7 @@ impl DevicePool {
         false
     }
 
-    fn run_task(&self, worker: &mut Worker, job: &Job, index: usize) {
+    fn run_task(&self, worker: &mut Worker, job: &Arc<Job>, index: usize) {
         let task = &job.tasks[index];
         if job.completion.is_cancelled() {
             job.completion.finish_task(task, None);
@@ -342,7 +430,18 @@ impl DevicePool {
             bytes.fetch_add(n as u64, Ordering::Relaxed);
             job.completion.add_progress(n as u64);
         }
-        job.completion.finish_task(task, Some(outcome));
+        if worker.is_unsettled() {
+            if outcome.is_err() {
+                // Skip the job's tasks not started now, not once the outcome is reported.
+                job.completion.cancel();
+            }
+            worker
+                .unsettled
+                .tasks
+                .push((Arc::clone(job), index, outcome));
+        } else {
+            job.completion.finish_task(task, Some(outcome));
+        }
     }
 
     /// Counts bytes moved with or without `O_DIRECT` (called by tasks).
@@ -583,6 +682,85 @@ mod tests {
         );
         assert_eq!(capped_fut.wait().unwrap(), 40);
         assert_eq!(peak.load(Ordering::SeqCst), 2, "cap of 2 in flight");
+    }
+
+    /// A task function that leaves work running under `key`: settling it sleeps `ms`, counts
+    /// itself in `settles` and fails if `fail`.
+    fn leaves_running(key: u64, ms: u64, settles: &Arc<AtomicUsize>, fail: bool) -> Box<TaskFn> {
+        let settles = Arc::clone(settles);
+        Box::new(move |w, _| {
+            let settles = Arc::clone(&settles);
+            w.leave_running(
+                key,
+                Box::new(move || {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    settles.fetch_add(1, Ordering::SeqCst);
+                    if fail {
+                        Err(crate::Error::InvalidArgument("the copies failed".into()))
+                    } else {
+                        Ok(())
+                    }
+                }),
+            );
+            Ok(1)
+        })
+    }
+
+    #[test]
+    fn work_left_running_is_settled_once_per_run_of_tasks_and_before_completion() {
+        let pool = DevicePool::new("test-settle".into(), 1);
+        let settles = Arc::new(AtomicUsize::new(0));
+        let c = Completion::new(0, 10, 10);
+        pool.submit(
+            req(
+                tasks(10),
+                Arc::clone(&c),
+                leaves_running(7, 30, &settles, false),
+            ),
+            usize::MAX,
+        );
+        assert_eq!(IoFuture::new(c, ()).wait().unwrap(), 10);
+        assert_eq!(
+            settles.load(Ordering::SeqCst),
+            1,
+            "one worker, ten tasks of one request: one wait at the end, none between tasks"
+        );
+        // Settling failed: the request fails with that error, though every task returned Ok.
+        let c = Completion::new(0, 3, 3);
+        pool.submit(
+            req(
+                tasks(3),
+                Arc::clone(&c),
+                leaves_running(7, 1, &settles, true),
+            ),
+            usize::MAX,
+        );
+        let e = IoFuture::new(c, ()).wait().unwrap_err();
+        assert!(e.to_string().contains("the copies failed"), "{e}");
+    }
+
+    #[test]
+    fn a_worker_settles_before_it_runs_another_request() {
+        let pool = DevicePool::new("test-settle-switch".into(), 1);
+        let settles = Arc::new(AtomicUsize::new(0));
+        let first = Completion::new(0, 1, 1);
+        let run = leaves_running(1, 1, &settles, false);
+        let slow_task: Box<TaskFn> = Box::new(move |w, t| {
+            std::thread::sleep(Duration::from_millis(30));
+            run(w, t)
+        });
+        pool.submit(req(tasks(1), Arc::clone(&first), slow_task), usize::MAX);
+        // Queued while the first request's task runs: the worker takes it next.
+        let second = Completion::new(0, 1, 1);
+        pool.submit(req(tasks(1), Arc::clone(&second), sleepy(500)), usize::MAX);
+        let first_fut = IoFuture::new(first, ());
+        assert!(
+            first_fut.wait_timeout(Duration::from_millis(400)),
+            "the first request waited for the second one's task"
+        );
+        assert_eq!(first_fut.wait().unwrap(), 1);
+        assert_eq!(IoFuture::new(second, ()).wait().unwrap(), 1);
+        assert_eq!(settles.load(Ordering::SeqCst), 1);
     }
 
     #[test]

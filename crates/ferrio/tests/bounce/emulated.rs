@@ -83,7 +83,8 @@ mod instant {
     suite!(Duration::ZERO;
         read_lands_every_byte, short_read_stops_at_eof, read_error_stops_and_waits,
         overclaiming_callback_is_an_error, write_sends_every_byte, write_error_stops_and_waits,
-        ring_is_reused, pinned_cap_limits_rings, ring_set_reuses_and_remakes);
+        ring_is_reused, reads_in_a_row_land_after_finish, pinned_cap_limits_rings,
+        ring_set_reuses_and_remakes);
 }
 
 /// Copies that take a while, so the ring must wait for buffers and for completion.
@@ -92,7 +93,7 @@ mod slow {
     suite!(Duration::from_micros(300);
         read_lands_every_byte, short_read_stops_at_eof, read_error_stops_and_waits,
         write_sends_every_byte, write_error_stops_and_waits, ring_is_reused,
-        pinned_cap_limits_rings);
+        reads_in_a_row_land_after_finish, pinned_cap_limits_rings);
 }
 
 fn new_ring(device: &EmulatedDevice, b: usize, depth: usize) -> BounceRing<EmulatedDevice> {
@@ -292,6 +293,56 @@ fn read_returns_after_every_copy_completed() {
         );
         device.free_device(dst).expect("free");
     }
+}
+
+/// `start_read_to_device` returns with copies still running, and the next range's first chunk
+/// is read while they run: a worker moving from one task to the next never waits for the copy
+/// engine. `finish` then waits for all of them.
+#[test]
+fn reads_in_a_row_keep_copies_running_until_finish() {
+    let device = EmulatedDevice::new(Duration::from_millis(30));
+    let b = 4096;
+    let mut ring = new_ring(&device, b, 2);
+    let dst = device.alloc_device(6 * b).expect("alloc");
+    let data = random_bytes(6 * b, 9);
+    let mut in_flight_at_read = Vec::new();
+    for range in 0..3 {
+        let at = range * 2 * b;
+        ring.start_read_to_device(
+            DevicePtr(dst.0 + at as u64),
+            2 * b,
+            at as u64,
+            &mut |buf, off| {
+                in_flight_at_read.push(device.copies_in_flight());
+                let off = off as usize;
+                buf.copy_from_slice(&data[off..off + buf.len()]);
+                Ok(buf.len())
+            },
+        )
+        .expect("start read");
+        assert!(
+            device.copies_in_flight() >= 1,
+            "range {range}: the call waited for its copies"
+        );
+    }
+    // The first chunk of ranges 2 and 3 was read while the previous range's copies ran.
+    assert!(
+        in_flight_at_read[2] >= 1 && in_flight_at_read[4] >= 1,
+        "{in_flight_at_read:?}"
+    );
+    ring.finish().expect("finish");
+    assert_eq!(
+        device.copies_in_flight(),
+        0,
+        "finish returned before the copies"
+    );
+    assert_bytes_eq(
+        &device.read_device(dst, 6 * b).expect("read"),
+        &data,
+        "three ranges",
+    );
+    assert_eq!(device.violations(), Vec::<String>::new());
+    device.free_device(dst).expect("free");
 }
 
 /// A copy that cannot be issued stops the transfer with the driver's error; the copies issued
