@@ -78,7 +78,7 @@ void check(cudaError_t e, const char* what)
 }
 
 constexpr size_t kInitialBytes = 256u << 20;  // what the warm pools start with
-constexpr size_t kGrowBytes    = 32u << 20;   // ferrio's default growth step
+size_t grow_bytes = 32u << 20;  // ferrio's growth step (its default; --grow-mib)
 constexpr int kLive            = 16;
 constexpr size_t kSizes[]      = {256, 512, 1u << 10, 4u << 10, 8u << 10, 16u << 10, 64u << 10, 256u << 10};
 
@@ -98,7 +98,7 @@ struct FerrioAlloc final : Allocator {
   FerrioPool* pool;
   std::vector<FerrioStream*> handles;
   explicit FerrioAlloc(size_t initial)
-    : pool(ferrio_pool_create(0, initial, kGrowBytes))
+    : pool(ferrio_pool_create(0, initial, grow_bytes))
   {
     if (pool == nullptr) { die("ferrio_pool_create failed"); }
   }
@@ -480,6 +480,7 @@ int main(int argc, char** argv)
   std::string only          = "all";
   int repeats               = 5;
   std::vector<std::string> allocators = {"ferrio", "rmm-pool", "cuMemAllocAsync"};
+  std::vector<std::string> starts     = {"warm", "fresh", "empty"};
   Json json;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -496,6 +497,8 @@ int main(int argc, char** argv)
     else if (a == "--only") { only = next(); }
     else if (a == "--repeat") { repeats = std::max(1, std::atoi(next())); }
     else if (a == "--allocators") { allocators = words(next()); }
+    else if (a == "--starts") { starts = words(next()); }
+    else if (a == "--grow-mib") { grow_bytes = size_t(std::atoi(next())) << 20; }
     else if (a == "--json") {
       json.f = std::fopen(next(), "w");
       if (json.f == nullptr) { die("cannot open the JSON file"); }
@@ -503,7 +506,7 @@ int main(int argc, char** argv)
       die("usage: pool_bench [--seconds S] [--threads 1,4,16] [--streams 1,4,16] "
           "[--kernel-streams 1,4,8,16,32] [--kernels 4,32] [--spin-us 40] [--repeat 5] "
           "[--only contention|kernels|all] [--allocators ferrio,rmm-pool,cuMemAllocAsync] "
-          "[--json PATH]");
+          "[--starts warm,fresh,empty] [--grow-mib 32] [--json PATH]");
     }
   }
   try {
@@ -557,9 +560,10 @@ int main(int argc, char** argv)
       std::printf("# kernels: one host thread per stream, each kernel a %.0f us spin on a %zu-byte "
                   "block allocated before it and freed after it on its stream\n",
                   spin_us, kernel_bytes);
-      std::printf("%-16s %5s %7s %7s %10s %10s %8s %10s %10s %12s\n", "allocator", "start",
+      std::printf("# ferrio grows by %zu MiB\n", grow_bytes >> 20);
+      std::printf("%-16s %5s %7s %7s %10s %10s %8s %10s %10s %12s %s\n", "allocator", "start",
                   "streams", "kernels", "wall_ms", "ideal_ms", "overlap", "alloc_us", "free_us",
-                  "max_alloc_us");
+                  "max_alloc_us", "overlap_q1-q3");
       std::vector<std::string> all = {"none"};
       all.insert(all.end(), allocators.begin(), allocators.end());
       // Each configuration `repeats` times, the allocators taking turns within a repetition
@@ -568,6 +572,7 @@ int main(int argc, char** argv)
       // the worst allocate of all repetitions.
       for (Start start : {Start::Warm, Start::Fresh, Start::Empty}) {
         const char* sn = start_name(start);
+        if (std::find(starts.begin(), starts.end(), sn) == starts.end()) { continue; }
         for (int n : kstreams) {
           for (int k : kernels_per) {
             std::vector<std::vector<KernelResult>> runs(all.size());
@@ -604,16 +609,24 @@ int main(int argc, char** argv)
               r.alloc_us = med([](KernelResult const& x) { return x.alloc_us; });
               r.free_us  = med([](KernelResult const& x) { return x.free_us; });
               for (auto const& x : runs[i]) { r.max_alloc_us = std::max(r.max_alloc_us, x.max_alloc_us); }
-              std::printf("%-16s %5s %7d %7d %10.3f %10.3f %7.0f%% %10.2f %10.2f %12.2f\n",
+              // The spread: overlap of the runs at the first and third quartile of wall time.
+              std::vector<double> walls;
+              for (auto const& x : runs[i]) { walls.push_back(x.wall_ms); }
+              std::sort(walls.begin(), walls.end());
+              double q1 = walls[walls.size() / 4], q3 = walls[(3 * walls.size()) / 4];
+              std::printf("%-16s %5s %7d %7d %10.3f %10.3f %7.0f%% %10.2f %10.2f %12.2f %4.0f-%.0f%%\n",
                           name.c_str(), sn, n, k, r.wall_ms, r.ideal_ms,
-                          100.0 * r.ideal_ms / r.wall_ms, r.alloc_us, r.free_us, r.max_alloc_us);
+                          100.0 * r.ideal_ms / r.wall_ms, r.alloc_us, r.free_us, r.max_alloc_us,
+                          100.0 * r.ideal_ms / q3, 100.0 * r.ideal_ms / q1);
               std::fflush(stdout);
               std::ostringstream j;
               j << R"({"scenario":"kernels","allocator":")" << name << R"(","start":")" << sn
                 << R"(","prewarmed":)" << (start == Start::Warm ? "true" : "false")
                 << R"(,"streams":)" << n << R"(,"kernels_per_stream":)" << k
                 << R"(,"repeats":)" << runs[i].size() << R"(,"spin_us":)" << spin_us
-                << R"(,"wall_ms":)" << r.wall_ms << R"(,"ideal_ms":)" << r.ideal_ms
+                << R"(,"wall_ms":)" << r.wall_ms << R"(,"wall_ms_q1":)" << q1
+                << R"(,"wall_ms_q3":)" << q3 << R"(,"grow_mib":)" << (grow_bytes >> 20)
+                << R"(,"ideal_ms":)" << r.ideal_ms
                 << R"(,"alloc_us_mean":)" << r.alloc_us << R"(,"free_us_mean":)" << r.free_us
                 << R"(,"alloc_us_max":)" << r.max_alloc_us << "}";
               json.line(j.str());

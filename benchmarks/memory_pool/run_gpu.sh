@@ -28,4 +28,15 @@ timeout 60 "$BIN/pool_gpu_bench" --seconds 0.3 --rotate --json "$OUT/pool_gpu_be
 timeout 270 "$BIN/pool_bench" --seconds 0.3 --json "$OUT/pool_bench.jsonl" \
   2>&1 | tee "$OUT/pool_bench.txt"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
 grep -q failed "$OUT/pool_bench.txt" && status=1
+
+# 4. The kernels scenario again with more repetitions (the spread says what is noise), and
+#    empty pools with smaller growth steps (is the first cuMemAlloc's size what empty starts pay?).
+timeout 120 "$BIN/pool_bench" --only kernels --kernel-streams 4,8,16,32 --kernels 32 --repeat 15 \
+  --allocators ferrio,rmm-pool --json "$OUT/pool_bench_spread.jsonl" \
+  2>&1 | tee "$OUT/pool_bench_spread.txt"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+for g in 2 8; do
+  timeout 60 "$BIN/pool_bench" --only kernels --kernel-streams 1,4,8,16 --kernels 32 --repeat 9 \
+    --starts empty --allocators ferrio --grow-mib $g --json "$OUT/pool_bench_grow$g.jsonl" \
+    2>&1 | tee "$OUT/pool_bench_grow$g.txt"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+done
 exit $status
