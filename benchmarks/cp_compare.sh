@@ -4,7 +4,8 @@
 #
 # (a) one device: 12 files of 250 MB copied within one file system, page cache dropped before
 #     every run; xcp at block sizes 4 KiB / 64 KiB / 256 KiB with both of its drivers (cp has
-#     no block-size knob; ferrio picks its own sizes). Also ferrio read+write and ferrio --sync.
+#     no block-size knob; ferrio picks its own sizes), and with 12 workers (one per file: its
+#     fastest setting here). Also ferrio read+write and ferrio --sync.
 # (c) many small files (2000 x 64 KiB): ferrio, ferrio --sync (the cost of one fdatasync per
 #     file), cp.
 # (b) four loop devices, each read-throttled to 256 MiB/s with cgroup (v1 blkio or v2 io.max),
@@ -17,7 +18,8 @@
 # Rates are MB/s (10^6) of file data over copy time.
 #
 #   benchmarks/cp_compare.sh [--quick] [--rounds N] [--only a|b|c]
-#   FERRIO=path/to/ferrio (default target/release/ferrio), WORKDIR (default /var/tmp)
+#   FERRIO=path/to/ferrio (default target/release/ferrio), WORKDIR (default /var/tmp),
+#   RAW=path (keeps every run's row: part, tool, copy s, sync s, CPU s)
 set -euo pipefail
 
 QUICK=0 ROUNDS=3 ONLY=""
@@ -56,7 +58,7 @@ cleanup() {
   [ -n "$CG" ] && rmdir "$CG" 2>/dev/null
   rm -rf "$WORK"
 }
-trap cleanup EXIT
+trap '[ -n "${RAW:-}" ] && cp "$RESULTS" "$RAW"; cleanup' EXIT
 trap 'exit 130' INT TERM
 
 RESULTS=$WORK/results.tsv
@@ -107,6 +109,7 @@ part_a() {
     "xcp parblock 4KiB|xcp --no-progress -r --driver parblock --block-size 4KiB $src $dst"
     "xcp parblock 64KiB|xcp --no-progress -r --driver parblock --block-size 64KiB $src $dst"
     "xcp parblock 256KiB|xcp --no-progress -r --driver parblock --block-size 256KiB $src $dst"
+    "xcp -w 12|xcp --no-progress -r -w 12 $src $dst"
     "ferrio|$FERRIO cp -r $src $dst"
     "ferrio read-write|$FERRIO cp -r --method read-write $src $dst"
     "ferrio --sync|$FERRIO cp -r --sync $src $dst"

@@ -41,7 +41,7 @@ pub(crate) struct Args {
     /// copy-file-range
     #[arg(long, default_value = "auto", value_parser = parse_method)]
     method: CopyMethod,
-    /// Files copied at once [default: 8, or 2 per device pair over more than four]
+    /// Files copied at once [default: 12 within one file system, else 8; 2 per device pair when more]
     #[arg(long)]
     files: Option<usize>,
     /// Bytes per pipeline window of a file, e.g. 8MiB [default: twice the task size]

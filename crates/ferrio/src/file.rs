@@ -767,27 +767,6 @@ impl File {
         start
     }
 
-    /// Runs `run` on this file's pool for every task of `[offset, offset+len)` (split as a read
-    /// or write of that range would be), counted as `direction`: for work that is not a read or
-    /// write through memory, such as `copy_file_range`. `run` returns the bytes it moved.
-    pub(crate) fn submit_tasks(
-        &self,
-        offset: u64,
-        len: usize,
-        direction: Direction,
-        run: Box<pool::TaskFn>,
-    ) -> IoFuture {
-        let tasks = match self.plan(offset, len) {
-            Ok(tasks) => tasks,
-            Err(e) => return IoFuture::failed(e, ()),
-        };
-        let request = Request {
-            max_active: usize::MAX,
-            ..self.request(tasks, offset, len, direction, run)
-        };
-        IoFuture::new(self.queue(request), ())
-    }
-
     /// A request for `tasks` covering `[offset, offset+len)`, with its own completion: small
     /// ones may run inline, writes are capped as [`File::cap_for`] says.
     fn request(
