@@ -16,7 +16,8 @@
 //! contiguous segments copied at once, each one sequentially through its own file description so
 //! that page-cache readahead keeps ahead of it, each on a thread of the copy (the calls block in
 //! the kernel and move no bytes through ferrio). On one virtio disk this moved 12 × 250 MB in
-//! 1.36 s against 2.11 s through memory (medians of 5, alternating; `benchmarks/cp_compare.sh`).
+//! 1.04–1.21 s against 2.17–2.54 s through memory (medians of 5–6, alternating;
+//! `benchmarks/cp_compare.sh`).
 //! Several files are copied at once, handed out so that every source and destination device has
 //! files under way.
 //!
