@@ -389,6 +389,7 @@ double contention(Allocator& a, int threads, int nstreams, double seconds)
 
 struct KernelResult {
   double wall_ms, ideal_ms, alloc_us, free_us, max_alloc_us;
+  double first_alloc_us;  // the slowest of the streams' first allocations
 };
 
 KernelResult kernels(Allocator& a, const Driver& d, int nstreams, int per_stream, uint64_t spin_ns,
@@ -397,13 +398,13 @@ KernelResult kernels(Allocator& a, const Driver& d, int nstreams, int per_stream
   auto streams = make_streams(nstreams);
   a.bind(streams);
   auto round = [&](bool timed) {
-    std::atomic<uint64_t> alloc_ns{0}, free_ns{0}, max_alloc_ns{0};
+    std::atomic<uint64_t> alloc_ns{0}, free_ns{0}, max_alloc_ns{0}, max_first_ns{0};
     std::barrier start(nstreams + 1);
     std::vector<std::thread> ts;
     for (int s = 0; s < nstreams; ++s) {
       ts.emplace_back([&, s] {
         check(cudaSetDevice(0), "cudaSetDevice");
-        uint64_t a_ns = 0, f_ns = 0, a_max = 0;
+        uint64_t a_ns = 0, f_ns = 0, a_max = 0, a_first = 0;
         start.arrive_and_wait();
         for (int k = 0; k < per_stream; ++k) {
           auto t0 = Clock::now();
@@ -416,6 +417,7 @@ KernelResult kernels(Allocator& a, const Driver& d, int nstreams, int per_stream
           uint64_t an = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
           a_ns += an;
           a_max = std::max(a_max, an);
+          if (k == 0) { a_first = an; }
           f_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(t3 - t2).count();
         }
         check(cudaStreamSynchronize(streams[s]), "cudaStreamSynchronize");
@@ -423,6 +425,8 @@ KernelResult kernels(Allocator& a, const Driver& d, int nstreams, int per_stream
         free_ns += f_ns;
         uint64_t m = max_alloc_ns.load();
         while (a_max > m && !max_alloc_ns.compare_exchange_weak(m, a_max)) {}
+        uint64_t f = max_first_ns.load();
+        while (a_first > f && !max_first_ns.compare_exchange_weak(f, a_first)) {}
       });
     }
     start.arrive_and_wait();
@@ -435,7 +439,7 @@ KernelResult kernels(Allocator& a, const Driver& d, int nstreams, int per_stream
     (void)timed;
     return KernelResult{wall, double(per_stream) * double(spin_ns) / 1e6,
                         double(alloc_ns.load()) / calls / 1e3, double(free_ns.load()) / calls / 1e3,
-                        double(max_alloc_ns.load()) / 1e3};
+                        double(max_alloc_ns.load()) / 1e3, double(max_first_ns.load()) / 1e3};
   };
   if (warmup) { round(false); }
   KernelResult r = round(true);
@@ -563,7 +567,7 @@ int main(int argc, char** argv)
       std::printf("# ferrio grows by %zu MiB\n", grow_bytes >> 20);
       std::printf("%-16s %5s %7s %7s %10s %10s %8s %10s %10s %12s %s\n", "allocator", "start",
                   "streams", "kernels", "wall_ms", "ideal_ms", "overlap", "alloc_us", "free_us",
-                  "max_alloc_us", "overlap_q1-q3");
+                  "max_alloc_us", "overlap_q1-q3", "first_alloc_us");
       std::vector<std::string> all = {"none"};
       all.insert(all.end(), allocators.begin(), allocators.end());
       // Each configuration `repeats` times, the allocators taking turns within a repetition
@@ -609,15 +613,16 @@ int main(int argc, char** argv)
               r.alloc_us = med([](KernelResult const& x) { return x.alloc_us; });
               r.free_us  = med([](KernelResult const& x) { return x.free_us; });
               for (auto const& x : runs[i]) { r.max_alloc_us = std::max(r.max_alloc_us, x.max_alloc_us); }
+              r.first_alloc_us = med([](KernelResult const& x) { return x.first_alloc_us; });
               // The spread: overlap of the runs at the first and third quartile of wall time.
               std::vector<double> walls;
               for (auto const& x : runs[i]) { walls.push_back(x.wall_ms); }
               std::sort(walls.begin(), walls.end());
               double q1 = walls[walls.size() / 4], q3 = walls[(3 * walls.size()) / 4];
-              std::printf("%-16s %5s %7d %7d %10.3f %10.3f %7.0f%% %10.2f %10.2f %12.2f %4.0f-%.0f%%\n",
+              std::printf("%-16s %5s %7d %7d %10.3f %10.3f %7.0f%% %10.2f %10.2f %12.2f %4.0f-%.0f%% %10.2f\n",
                           name.c_str(), sn, n, k, r.wall_ms, r.ideal_ms,
                           100.0 * r.ideal_ms / r.wall_ms, r.alloc_us, r.free_us, r.max_alloc_us,
-                          100.0 * r.ideal_ms / q3, 100.0 * r.ideal_ms / q1);
+                          100.0 * r.ideal_ms / q3, 100.0 * r.ideal_ms / q1, r.first_alloc_us);
               std::fflush(stdout);
               std::ostringstream j;
               j << R"({"scenario":"kernels","allocator":")" << name << R"(","start":")" << sn
@@ -628,7 +633,8 @@ int main(int argc, char** argv)
                 << R"(,"wall_ms_q3":)" << q3 << R"(,"grow_mib":)" << (grow_bytes >> 20)
                 << R"(,"ideal_ms":)" << r.ideal_ms
                 << R"(,"alloc_us_mean":)" << r.alloc_us << R"(,"free_us_mean":)" << r.free_us
-                << R"(,"alloc_us_max":)" << r.max_alloc_us << "}";
+                << R"(,"alloc_us_max":)" << r.max_alloc_us
+                << R"(,"first_alloc_us_median":)" << r.first_alloc_us << "}";
               json.line(j.str());
             }
           }

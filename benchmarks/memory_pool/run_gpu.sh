@@ -34,6 +34,11 @@ grep -q failed "$OUT/pool_bench.txt" && status=1
 timeout 120 "$BIN/pool_bench" --only kernels --kernel-streams 4,8,16,32 --kernels 32 --repeat 15 \
   --allocators ferrio,rmm-pool --json "$OUT/pool_bench_spread.jsonl" \
   2>&1 | tee "$OUT/pool_bench_spread.txt"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+# Warm and fresh at 4 and 8 streams, 31 times: is ferrio behind "none" there, and does a
+# stream's first allocation (the slowest of them: "first_alloc_us") cost more when fresh?
+timeout 90 "$BIN/pool_bench" --only kernels --kernel-streams 4,8 --kernels 32 --repeat 31 \
+  --starts warm,fresh --allocators ferrio --json "$OUT/pool_bench_fresh.jsonl" \
+  2>&1 | tee "$OUT/pool_bench_fresh.txt"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
 for g in 2 8; do
   timeout 60 "$BIN/pool_bench" --only kernels --kernel-streams 1,4,8,16 --kernels 32 --repeat 9 \
     --starts empty --allocators ferrio --grow-mib $g --json "$OUT/pool_bench_grow$g.jsonl" \
