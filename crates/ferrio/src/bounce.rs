@@ -856,22 +856,32 @@ thread_local! {
         const { RefCell::new(ManuallyDrop::new(None)) };
 }
 
+/// Runs `f` on the calling thread's ring set (made empty on first use); `what` names the call
+/// for the error when it comes from inside one of the set's own read or write callbacks.
+fn with_thread_rings<R>(
+    what: &str,
+    f: impl FnOnce(&mut RingSet<CudaEngine>) -> Result<R>,
+) -> Result<R> {
+    THREAD_RINGS.with(|cell| {
+        let mut set = cell.try_borrow_mut().map_err(|_| {
+            Error::InvalidArgument(format!(
+                "a bounce ring {what} from inside a read or write callback"
+            ))
+        })?;
+        f(set.get_or_insert_with(|| RingSet::new(PinnedBudget::global().clone())))
+    })
+}
+
 fn with_thread_ring<R>(
     context: Context,
     settings: &Settings,
     f: impl FnOnce(&mut BounceRing<CudaEngine>) -> Result<R>,
 ) -> Result<R> {
     let engine = CudaEngine::new(context)?;
-    THREAD_RINGS.with(|cell| {
-        let mut set = cell.try_borrow_mut().map_err(|_| {
-            Error::InvalidArgument(
-                "a bounce-ring transfer was started from inside a read or write callback"
-                    .to_string(),
-            )
-        })?;
-        let set = set.get_or_insert_with(|| RingSet::new(PinnedBudget::global().clone()));
-        f(set.ring(&engine, settings)?)
-    })
+    with_thread_rings(
+        "transfer was started",
+        |set| f(set.ring(&engine, settings)?),
+    )
 }
 
 /// Reads `len` file bytes from `file_offset` into device memory at `dst` (in `context`) through
@@ -921,17 +931,12 @@ pub fn start_read_to_device(
 /// # Errors
 /// As for [`BounceRing::finish`].
 pub fn finish_thread_ring(context: Context) -> Result<()> {
-    THREAD_RINGS.with(|cell| {
-        let mut set = cell.try_borrow_mut().map_err(|_| {
-            Error::InvalidArgument(
-                "a bounce ring was finished from inside a read or write callback".to_string(),
-            )
-        })?;
-        match set.as_mut().and_then(|set| {
-            set.rings
-                .iter_mut()
-                .find(|r| r.engine().context() == context)
-        }) {
+    with_thread_rings("was finished", |set| {
+        match set
+            .rings
+            .iter_mut()
+            .find(|r| r.engine().context() == context)
+        {
             Some(ring) => ring.finish(),
             None => Ok(()),
         }

@@ -651,11 +651,7 @@ impl File {
                     t.offset,
                     settings,
                     &mut |buf, off| {
-                        let chunk = Task {
-                            offset: off,
-                            len: buf.len(),
-                            buf_offset: 0,
-                        };
+                        let chunk = Task::at_buffer_start(off, buf.len());
                         // SAFETY: `buf` is the ring's pinned buffer, valid for `buf.len()` bytes.
                         unsafe { file.read_task(w, buf.as_mut_ptr(), &chunk) }
                     },
@@ -673,11 +669,7 @@ impl File {
                     t.offset,
                     settings,
                     &mut |buf, off| {
-                        let chunk = Task {
-                            offset: off,
-                            len: buf.len(),
-                            buf_offset: 0,
-                        };
+                        let chunk = Task::at_buffer_start(off, buf.len());
                         // SAFETY: `buf` is the ring's pinned buffer, valid for `buf.len()` bytes.
                         unsafe { file.write_task(w, buf.as_ptr(), &chunk) }.map(|_| ())
                     },

@@ -19,6 +19,16 @@ pub struct Task {
 }
 
 impl Task {
+    /// A task of `len` bytes at file offset `offset` that fills a buffer of its own (a bounce
+    /// buffer, say) from its start.
+    pub fn at_buffer_start(offset: u64, len: usize) -> Task {
+        Task {
+            offset,
+            len,
+            buf_offset: 0,
+        }
+    }
+
     /// One past the last file offset.
     pub fn end(&self) -> u64 {
         self.offset + self.len as u64

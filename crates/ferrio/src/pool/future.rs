@@ -190,12 +190,7 @@ impl<B> IoFuture<B> {
     /// A future that has already failed with `error` (validation errors, before any I/O).
     pub(crate) fn failed(error: Error, buffer: B) -> Self {
         let c = Completion::new(0, 0, 1);
-        let task = Task {
-            offset: 0,
-            len: 0,
-            buf_offset: 0,
-        };
-        c.finish_task(&task, Some(Err(error)));
+        c.finish_task(&Task::at_buffer_start(0, 0), Some(Err(error)));
         IoFuture::new(c, buffer)
     }
 
