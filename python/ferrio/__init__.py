@@ -1,4 +1,4 @@
-"""ferrio: move file bytes into and out of host (and, later, GPU) memory fast.
+"""ferrio: move file bytes into and out of host and GPU memory fast.
 
 Reads and writes are split into tasks that run in parallel on a worker pool per block device,
 with the GIL released; cold data bypasses the page cache with O_DIRECT. Any writable buffer

@@ -35,3 +35,13 @@ def test_errors_are_oserrors_and_directories_need_recursive(tmp_path: Path) -> N
     (tmp_path / "d").mkdir()
     with pytest.raises((ValueError, OSError), match=r"recursive|directory"):
         ferrio.copy(tmp_path / "d", tmp_path / "e")
+
+
+def test_file_system_errors_are_oserrors_naming_the_path(tmp_path: Path) -> None:
+    # Creating the temporary file fails (its directory is missing): Error::Fs in the library.
+    (tmp_path / "f").write_bytes(b"data")
+    with pytest.raises(FileNotFoundError) as info:
+        ferrio.copy(tmp_path / "f", tmp_path / "no-such-dir" / "g")
+    assert info.value.filename is not None
+    assert "no-such-dir" in str(info.value.filename)
+    assert "temporary file" in str(info.value)

@@ -62,6 +62,11 @@ pub(crate) fn to_pyerr(e: ferrio::Error) -> PyErr {
             path,
         ),
         E::Open { path, source, .. } => os_error(source, strerror(source), path),
+        E::Fs {
+            action,
+            path,
+            source,
+        } => os_error(source, format!("{} ({action})", strerror(source)), path),
         E::InvalidArgument(_) | E::InvalidSetting { .. } => PyValueError::new_err(e.to_string()),
         E::BadMode { .. } => UnsupportedOperation::new_err(e.to_string()),
         E::Cancelled => CancelledError::new_err(e.to_string()),
