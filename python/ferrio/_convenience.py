@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 def fromfile(
-    path: str | os.PathLike[str],
+    path: str | bytes | os.PathLike[str] | os.PathLike[bytes],
     dtype: npt.DTypeLike = "uint8",
     count: int = -1,
     offset: int = 0,
@@ -35,6 +35,8 @@ def fromfile(
         raise ImportError("ferrio.fromfile needs numpy: pip install numpy") from e
 
     dt = np.dtype(dtype)
+    if dt.hasobject:
+        raise ValueError(f"cannot read into an array of Python objects (dtype {dt})")
     if offset < 0:
         raise ValueError(f"offset must be at least 0, not {offset}")
     if shape is not None and count != -1:

@@ -261,3 +261,45 @@ def test_os_error_of_the_environment_is_a_warning(tmp_path: Path) -> None:
     )
     assert out.returncode != 0
     assert "FERRIO_TASK_SIZE" in out.stderr and "lots" in out.stderr and "4MiB" in out.stderr
+
+
+@pytest.mark.parametrize("method", ["read", "pread", "write", "pwrite"])
+def test_object_arrays_are_refused(small_file: Path, method: str) -> None:
+    # Bytes written over PyObject pointers crash the interpreter: refused like numpy.fromfile.
+    objs = np.array([object() for _ in range(8)], dtype=object)
+    record = np.zeros(4, dtype=[("count", np.int64), ("Obj", object)])
+    with ferrio.open(small_file, "r+") as f:
+        call = getattr(f, method)
+        for arr in (objs, record):
+            with pytest.raises(ValueError, match="Python object"):
+                call(arr)
+    with pytest.raises(ValueError, match="Python objects"):
+        ferrio.fromfile(small_file, dtype=object)
+    assert small_file.read_bytes() == bytes(range(256)) * 64
+
+
+def test_fields_named_with_an_o_are_plain_data(small_file: Path) -> None:
+    plain = np.zeros(4, dtype=[("Obj", np.int64)])
+    with ferrio.open(small_file) as f:
+        assert f.read(plain) == 32
+    assert plain.tobytes() == bytes(range(32))
+
+
+def test_bytes_and_pathlike_bytes_paths(small_file: Path, tmp_path: Path) -> None:
+    raw = os.fsencode(small_file)
+    with ferrio.open(raw) as f:
+        assert f.size == small_file.stat().st_size
+    with ferrio.File(raw) as f:
+        buf = bytearray(16)
+        assert f.read(buf) == 16
+    assert ferrio.residency(raw).range_bytes == small_file.stat().st_size
+    ferrio.drop_cache(raw)
+    # A name that is not valid UTF-8 is kept byte for byte.
+    odd = os.fsencode(tmp_path) + b"/odd-\xff.bin"
+    with ferrio.open(odd, "w") as f:
+        f.write(b"hello")
+    assert Path(os.fsdecode(odd)).read_bytes() == b"hello"
+    ferrio.copy(raw, os.fsencode(tmp_path / "copy.bin"))
+    assert (tmp_path / "copy.bin").read_bytes() == small_file.read_bytes()
+    with pytest.raises(TypeError):
+        ferrio.open(12.5)  # type: ignore[arg-type]

@@ -99,6 +99,15 @@ pub(crate) fn target(
             type_name(obj)
         )));
     }
+    if holds_object_pointers(view.format().to_bytes()) {
+        // Bytes from a file written over PyObject pointers would crash the interpreter.
+        return Err(PyValueError::new_err(format!(
+            "the buffer ({}) holds Python object references (format {:?}): ferrio moves raw \
+             bytes only, like numpy.fromfile; use a numeric or bytes dtype",
+            type_name(obj),
+            view.format().to_string_lossy()
+        )));
+    }
     if !view.is_c_contiguous() {
         return Err(PyValueError::new_err(format!(
             "the buffer ({}) is not C-contiguous: ferrio moves bytes into and out of one \
@@ -108,6 +117,18 @@ pub(crate) fn target(
     }
     let len = checked_size(size, view.len_bytes())?;
     Ok(Target::Host(HostBuffer { view, len }))
+}
+
+/// Whether a buffer-protocol format string (`struct` syntax, with numpy's extensions) has an
+/// `O` item, a `PyObject*`: field names between colons are skipped, since they may contain `O`.
+fn holds_object_pointers(format: &[u8]) -> bool {
+    let mut in_name = false;
+    format.iter().any(|&c| {
+        if c == b':' {
+            in_name = !in_name;
+        }
+        !in_name && c == b'O'
+    })
 }
 
 /// The bytes to move: `size`, which must fit in `available`, or all of it.

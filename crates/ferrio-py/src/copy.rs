@@ -52,16 +52,19 @@ impl Blocking for Running {
 pub(crate) fn copy<'py>(
     py: Python<'py>,
     src: &Bound<'py, PyAny>,
-    dst: PathBuf,
+    #[pyo3(from_py_with = crate::paths::fs_path)] dst: PathBuf,
     recursive: bool,
     preserve: bool,
     verify: bool,
     follow_symlinks: bool,
     sync: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let sources: Vec<PathBuf> = match src.extract::<PathBuf>() {
+    let sources: Vec<PathBuf> = match crate::paths::fs_path(src) {
         Ok(one) => vec![one],
-        Err(_) => src.extract()?,
+        Err(_) => src
+            .try_iter()?
+            .map(|item| crate::paths::fs_path(&item?))
+            .collect::<PyResult<_>>()?,
     };
     let progress = ferrio::CopyProgress::new();
     let options = ferrio::CopyOptions::new()

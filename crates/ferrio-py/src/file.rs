@@ -152,7 +152,7 @@ fn open_file(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn open(
     py: Python<'_>,
-    path: PathBuf,
+    #[pyo3(from_py_with = crate::paths::fs_path)] path: PathBuf,
     mode: &str,
     task_size: Option<SettingText>,
     direct_read: Option<SettingText>,
@@ -179,7 +179,7 @@ impl File {
     #[pyo3(signature = (path, mode="r", *, task_size=None, direct_read=None, direct_write=None, direct_overread=None))]
     fn new(
         py: Python<'_>,
-        path: PathBuf,
+        #[pyo3(from_py_with = crate::paths::fs_path)] path: PathBuf,
         mode: &str,
         task_size: Option<SettingText>,
         direct_read: Option<SettingText>,

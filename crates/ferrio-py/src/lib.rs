@@ -15,6 +15,7 @@ mod future;
 mod gil;
 mod memory;
 mod pagecache;
+mod paths;
 mod stats;
 
 use pyo3::prelude::*;

@@ -47,7 +47,7 @@ impl Residency {
 #[pyo3(signature = (path, offset=0, size=None))]
 pub(crate) fn residency(
     py: Python<'_>,
-    path: PathBuf,
+    #[pyo3(from_py_with = crate::paths::fs_path)] path: PathBuf,
     offset: i64,
     size: Option<i64>,
 ) -> PyResult<Residency> {
@@ -71,7 +71,10 @@ pub(crate) fn residency(
 /// Drops the file's pages from the page cache (dirty pages are written first). Needs no
 /// privileges; pages mapped or locked by a process may stay.
 #[pyfunction]
-pub(crate) fn drop_cache(py: Python<'_>, path: PathBuf) -> PyResult<()> {
+pub(crate) fn drop_cache(
+    py: Python<'_>,
+    #[pyo3(from_py_with = crate::paths::fs_path)] path: PathBuf,
+) -> PyResult<()> {
     without_gil(py, || ferrio::pagecache::drop_file(&path))?.map_err(to_pyerr)
 }
 
