@@ -49,3 +49,27 @@ def test_console_script_is_installed() -> None:
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert "ferrio" in out.stdout
+
+
+def test_cli_main_gives_ctrl_c_back_to_python(tmp_path: Path) -> None:
+    # In a child, so that a failure cannot leave this test process without its handler.
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"z" * 4096)
+    script = f"""
+import os, signal, ferrio._native as n
+signal.signal(signal.SIGINT, signal.default_int_handler)
+for _ in range(2):
+    assert n.cli_main(["ferrio", "read", {str(path)!r}]) == 0
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):
+            pass
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines().count("KeyboardInterrupt") == 2, out.stdout

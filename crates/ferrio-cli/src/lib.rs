@@ -8,14 +8,16 @@
 mod bench;
 mod cp;
 mod info;
+mod interrupt;
 mod progress;
 mod read;
 mod write;
 
+pub(crate) use interrupt::{check_interrupt, interrupted, Interrupted};
+
 use std::ffi::OsString;
 use std::io::{ErrorKind, Write};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Parser, Subcommand};
 
@@ -53,34 +55,6 @@ impl std::fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
-/// The user pressed Ctrl-C (exit status 130).
-#[derive(Debug)]
-pub(crate) struct Interrupted;
-
-impl std::fmt::Display for Interrupted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("interrupted")
-    }
-}
-
-impl std::error::Error for Interrupted {}
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-/// Whether Ctrl-C was pressed; long loops check this between steps and clean up.
-pub(crate) fn interrupted() -> bool {
-    INTERRUPTED.load(Ordering::Relaxed)
-}
-
-/// Fails with [`Interrupted`] if Ctrl-C was pressed.
-pub(crate) fn check_interrupt() -> anyhow::Result<()> {
-    if interrupted() {
-        Err(Interrupted.into())
-    } else {
-        Ok(())
-    }
-}
-
 /// Runs the command line with `args` (the program name first) and returns the exit status.
 pub fn run(args: Vec<OsString>) -> i32 {
     let cli = match Cli::try_parse_from(args) {
@@ -95,9 +69,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         eprintln!("ferrio: {err}");
         return 2;
     }
-    // A second handler in one process (the Python console script run twice) is refused; the
-    // first one still sets the same flag.
-    let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::Relaxed));
+    let _ctrl_c = interrupt::CtrlC::install();
     let result = match cli.command {
         Command::Read(a) => read::run(a),
         Command::Write(a) => write::run(a),
