@@ -15,9 +15,8 @@
 //! (`copy_file_range`, unless [`CopyMethod::ReadWrite`] is asked for): the data is cut into a few
 //! contiguous segments copied at once, each one sequentially through its own file description so
 //! that page-cache readahead keeps ahead of it, each on a thread of the copy (the calls block in
-//! the kernel and move no bytes through ferrio). On one virtio disk this moved 12 × 250 MB in
-//! 1.04–1.21 s against 2.17–2.54 s through memory (medians of 5–6, alternating;
-//! `benchmarks/cp_compare.sh`).
+//! the kernel and move no bytes through ferrio), which on one disk is faster than copying
+//! through memory (measured: see benchmarks/RESULTS.md).
 //! Several files are copied at once, handed out so that every source and destination device has
 //! files under way.
 //!
@@ -32,10 +31,10 @@
 //! By default files are renamed into place without `fdatasync`, like `cp`: after a power loss a
 //! new file may be missing or, on file systems without ext4's `auto_da_alloc` rename heuristic,
 //! empty. [`CopyOptions::sync`] flushes each file before its rename, so the destination name
-//! holds the old content or the whole new content at any moment. Measured on one virtio disk
-//! (`benchmarks/cp_compare.sh`), the time until the data is on the device is the same either way
-//! (12 × 250 MB: 2.72 s with `sync` against 2.09 s + 0.7 s for a `sync(1)` after the copy), but
-//! the copy itself returns later, which is why it is not the default. [`CopyOptions::verify`]
+//! holds the old content or the whole new content at any moment. The time until the data is on
+//! the device is about the same either way (a `sync(1)` after a plain copy waits as long), but
+//! the copy itself returns later, which is why it is not the default (measured: see
+//! benchmarks/RESULTS.md). [`CopyOptions::verify`]
 //! implies it, since the check must read what the device holds, not the page cache.
 
 use std::collections::{HashMap, VecDeque};
@@ -418,19 +417,16 @@ const MAX_WINDOW: u64 = 64 << 20;
 /// Windows in flight per file by default: enough that a read and a write of the same file
 /// overlap with room for both devices to queue.
 const DEFAULT_WINDOWS_IN_FLIGHT: usize = 4;
-/// Files copied at once by default. Measured on one virtio disk (`benchmarks/cp_compare.sh`):
-/// 2000 files of 64 KiB copy in 0.12 s with 8 at once against 0.15 s with 4 (a small file's copy
-/// is mostly metadata calls, which overlap).
+/// Files copied at once by default: a small file's copy is mostly metadata calls, which overlap,
+/// so more files at once than devices pays (measured: see benchmarks/RESULTS.md).
 const DEFAULT_PARALLEL_FILES: usize = 8;
 /// Files copied at once by default when every file stays within its file system
-/// (`copy_file_range`, which holds no buffers). 12 files of 250 MB on one virtio disk (two
-/// 12-round runs alternating, medians): 1.03 and 1.06 s with 12 at once, 1.08 with 16,
-/// 1.19–1.21 with 8, against 1.12 for `xcp -w 12`.
+/// (`copy_file_range`, which holds no buffers): more streams keep the disk's queue fuller than
+/// `DEFAULT_PARALLEL_FILES`, and more than this gained nothing (measured: see
+/// benchmarks/RESULTS.md).
 const KERNEL_COPY_PARALLEL_FILES: usize = 12;
 /// Most files copied at once by default.
 const MAX_PARALLEL_FILES: usize = 16;
-/// Where source and destination share a file system, `Auto` uses `copy_file_range`.
-const AUTO_COPY_FILE_RANGE: bool = true;
 
 /// A source named by the caller and where it goes.
 struct Root {
@@ -1008,7 +1004,8 @@ impl Copier<'_> {
         let try_cfr = match self.options.method {
             CopyMethod::ReadWrite => false,
             CopyMethod::CopyFileRange => true,
-            CopyMethod::Auto => AUTO_COPY_FILE_RANGE && dst_dev == e.meta.dev(),
+            // Where source and destination share a file system the kernel copies.
+            CopyMethod::Auto => dst_dev == e.meta.dev(),
         };
         // Only descriptors that will be used are opened (a small file's copy is mostly opens):
         // no O_DIRECT source when the kernel copies, the copy opened as a `File` only when bytes
@@ -1225,9 +1222,8 @@ impl Copier<'_> {
     /// kernel copies through the page cache, whose readahead state belongs to the file
     /// description: one sequential reader per description keeps readahead running ahead of each
     /// segment. The calls block in the kernel and move no bytes through ferrio, so they run on
-    /// the copy's own threads rather than as tasks on the device's pool: measured on one virtio
-    /// disk (12 × 250 MB, 10 rounds alternating, `--files 12 --windows 1` against 12 pool
-    /// threads), 1.00–1.16 s against 1.15–1.52 s, the speed of `xcp -w 12` (1.01–1.35 s).
+    /// the copy's own threads rather than as tasks on the device's pool, which was faster
+    /// (measured: see benchmarks/RESULTS.md).
     fn copy_cfr(
         &self,
         src: &File,
