@@ -1,0 +1,189 @@
+//! Where things go: `cp`'s rules that turn the sources and the destination the caller named into
+//! one destination path per source, the device a destination will be on (for scheduling), and
+//! the check that what is already at a destination may be replaced.
+//!
+//! It reads metadata only; it creates, writes and removes nothing.
+
+use std::ffi::OsString;
+use std::fs::{self, Metadata};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use super::walk::Entry;
+use super::{Copier, CopyOptions};
+use crate::error::{Error, Result};
+
+/// A source named by the caller and where it goes.
+pub(super) struct Root {
+    pub(super) src: PathBuf,
+    pub(super) dst: PathBuf,
+    pub(super) meta: Metadata,
+}
+
+/// Applies `cp`'s destination rules; every error here is the caller's (nothing copied yet).
+pub(super) fn plan_roots(sources: &[PathBuf], dest: &Path, o: &CopyOptions) -> Result<Vec<Root>> {
+    if sources.is_empty() {
+        return Err(Error::InvalidArgument("no source to copy".into()));
+    }
+    let dest_is_dir = fs::metadata(dest).is_ok_and(|m| m.is_dir());
+    if sources.len() > 1 && !dest_is_dir {
+        return Err(Error::InvalidArgument(format!(
+            "copying {} sources needs a directory as destination, and {} is not one",
+            sources.len(),
+            dest.display()
+        )));
+    }
+    let trailing_slash = dest.as_os_str().as_bytes().ends_with(b"/");
+    let mut roots = Vec::with_capacity(sources.len());
+    for src in sources {
+        let follow = o.follow_symlinks || !o.recursive;
+        let meta = if follow {
+            fs::metadata(src)
+        } else {
+            fs::symlink_metadata(src)
+        }
+        .map_err(|source| Error::Open {
+            path: src.clone(),
+            mode: "r".into(),
+            source,
+        })?;
+        let dst = if dest_is_dir {
+            dest.join(base_name(src)?)
+        } else {
+            dest.to_path_buf()
+        };
+        if meta.is_dir() {
+            if !o.recursive {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is a directory: copy it with recursive (-r)",
+                    src.display()
+                )));
+            }
+            if !dest_is_dir && fs::symlink_metadata(&dst).is_ok() {
+                return Err(Error::InvalidArgument(format!(
+                    "cannot overwrite {}, which is not a directory, with directory {}",
+                    dst.display(),
+                    src.display()
+                )));
+            }
+            if is_inside(src, &dst) {
+                return Err(Error::InvalidArgument(format!(
+                    "cannot copy directory {} into itself ({})",
+                    src.display(),
+                    dst.display()
+                )));
+            }
+        } else if !dest_is_dir && trailing_slash {
+            return Err(Error::InvalidArgument(format!(
+                "{} is not a directory",
+                dest.display()
+            )));
+        }
+        roots.push(Root {
+            src: src.clone(),
+            dst,
+            meta,
+        });
+    }
+    Ok(roots)
+}
+
+/// The last component of `src`, resolving `.`, `..` and `/`-ended paths as `cp` does.
+fn base_name(src: &Path) -> Result<OsString> {
+    if let Some(name) = src.file_name() {
+        if !src.as_os_str().as_bytes().ends_with(b"/..") && src.as_os_str() != ".." {
+            return Ok(name.to_os_string());
+        }
+    }
+    let canon = fs::canonicalize(src).map_err(|source| Error::Fs {
+        action: "resolve",
+        path: src.to_path_buf(),
+        source,
+    })?;
+    canon
+        .file_name()
+        .map(|n| n.to_os_string())
+        .ok_or_else(|| Error::InvalidArgument(format!("cannot copy {} by name", src.display())))
+}
+
+/// Whether `dst` (which may not exist yet) is `dir` or lies inside it.
+fn is_inside(dir: &Path, dst: &Path) -> bool {
+    let Ok(dir) = fs::canonicalize(dir) else {
+        return false;
+    };
+    let dst = match fs::canonicalize(dst) {
+        Ok(d) => d,
+        Err(_) => {
+            let parent = match dst.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            let (Ok(parent), Some(name)) = (fs::canonicalize(parent), dst.file_name()) else {
+                return false;
+            };
+            parent.join(name)
+        }
+    };
+    dst.starts_with(&dir)
+}
+
+impl Copier<'_> {
+    /// What is at the destination now; an error if it cannot be replaced by a file or link.
+    pub(super) fn existing_dest(&self, e: &Entry) -> Result<Option<Metadata>> {
+        let existing = match fs::symlink_metadata(&e.dst) {
+            Ok(m) => Some(m),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => None,
+            Err(source) => {
+                return Err(Error::Fs {
+                    action: "stat",
+                    path: e.dst.clone(),
+                    source,
+                })
+            }
+        };
+        let Some(m) = &existing else {
+            return Ok(None);
+        };
+        if m.is_dir() {
+            return Err(Error::Fs {
+                action: "cannot replace a directory with a non-directory:",
+                path: e.dst.clone(),
+                source: io::Error::from_raw_os_error(libc::EISDIR),
+            });
+        }
+        let target = if m.file_type().is_symlink() {
+            fs::metadata(&e.dst).ok()
+        } else {
+            Some(m.clone())
+        };
+        if let Some(m) = target {
+            if m.dev() == e.meta.dev() && m.ino() == e.meta.ino() {
+                return Err(Error::InvalidArgument(format!(
+                    "{} and {} are the same file",
+                    e.src.display(),
+                    e.dst.display()
+                )));
+            }
+        }
+        Ok(existing)
+    }
+}
+
+/// `st_dev` of the closest existing ancestor of `path` (of `path` itself if it exists).
+pub(super) fn nearest_dev(path: &Path) -> u64 {
+    let mut p = Some(path);
+    while let Some(q) = p {
+        let q = if q.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            q
+        };
+        if let Ok(m) = fs::metadata(q) {
+            return m.dev();
+        }
+        p = q.parent();
+    }
+    0
+}
