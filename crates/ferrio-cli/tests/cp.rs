@@ -237,6 +237,93 @@ fn ctrl_c_during_cp_leaves_no_partial_file_and_exits_130() {
     );
 }
 
+#[test]
+fn a_rerun_removes_the_temporary_file_of_a_killed_cp() {
+    let d = tmp();
+    let src = d.path().join("big");
+    fs::write(&src, bytes(256 << 20, 4)).unwrap();
+    let out = d.path().join("out");
+    fs::create_dir(&out).unwrap();
+    let mut child = ferrio()
+        .args([
+            "cp",
+            "--threads",
+            "1",
+            "--task-size",
+            "64KiB",
+            "--method",
+            "read-write",
+        ])
+        .arg(&src)
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while temp_files(&out).is_empty() && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
+    child.wait().unwrap();
+    let left = temp_files(&out);
+    assert_eq!(left.len(), 1, "SIGKILL leaves the temporary file: {left:?}");
+    // A temporary name of a live process (this test's) and a file of the user's are kept.
+    let live = out.join(format!(".other.ferrio-{}-x", std::process::id()));
+    fs::write(&live, b"not ours to remove").unwrap();
+    let o = run(&[Path::new("cp"), &src, &out]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        !left[0].exists(),
+        "the re-run removes {}",
+        left[0].display()
+    );
+    assert!(live.exists());
+    assert!(fs::read(out.join("big")).unwrap() == bytes(256 << 20, 4));
+}
+
+#[test]
+fn cp_refuses_to_replace_a_file_the_user_may_not_write() {
+    let d = tmp();
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let src = d.path().join("src");
+    fs::write(&src, b"new").unwrap();
+    fs::set_permissions(&src, fs::Permissions::from_mode(0o644)).unwrap();
+    let dst = d.path().join("dst");
+    fs::write(&dst, b"protected").unwrap();
+    fs::set_permissions(&dst, fs::Permissions::from_mode(0o444)).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let o = if root {
+        // Root may write anything (as with cp); the rule is checked as an unprivileged user, who
+        // owns the read-only file in a directory everyone may write.
+        // SAFETY: chown of a path we created; plain syscall.
+        let c = std::ffi::CString::new(dst.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+        match Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_ferrio"))
+            .arg("cp")
+            .arg(&src)
+            .arg(&dst)
+            .output()
+        {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("skipped: running as root and setpriv is unavailable ({e})");
+                return;
+            }
+        }
+    } else {
+        run(&[Path::new("cp"), &src, &dst])
+    };
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("may not write"), "{}", stderr(&o));
+    assert_eq!(fs::read(&dst).unwrap(), b"protected");
+    assert!(temp_files(d.path()).is_empty());
+}
+
 /// A small ext4 file system on a loop device; unmounted and detached on drop.
 struct LoopFs {
     dir: tempfile::TempDir,

@@ -1,6 +1,7 @@
 //! Where things go: `cp`'s rules that turn the sources and the destination the caller named into
-//! one destination path per source, the device a destination will be on (for scheduling), and
-//! the check that what is already at a destination may be replaced.
+//! one destination path per source, the device a destination will be on (for scheduling), the
+//! check that what is already at a destination may be replaced, and where a file's bytes land
+//! when the destination is a symlink.
 //!
 //! It reads metadata only; it creates, writes and removes nothing.
 
@@ -49,7 +50,10 @@ pub(super) fn plan_roots(sources: &[PathBuf], dest: &Path, o: &CopyOptions) -> R
             mode: "r".into(),
             source,
         })?;
-        let dst = if dest_is_dir {
+        let dst = if dest_is_dir && names_contents(src) {
+            // `cp -r src/. dst`: the contents of `src` merge into `dst`, as in GNU cp.
+            dest.to_path_buf()
+        } else if dest_is_dir {
             dest.join(base_name(src)?)
         } else {
             dest.to_path_buf()
@@ -88,6 +92,12 @@ pub(super) fn plan_roots(sources: &[PathBuf], dest: &Path, o: &CopyOptions) -> R
         });
     }
     Ok(roots)
+}
+
+/// Whether `src` ends in `/.` (or is `.`): it names a directory's contents, not the directory.
+fn names_contents(src: &Path) -> bool {
+    let raw = src.as_os_str().as_bytes();
+    raw == b"." || raw.ends_with(b"/.") || raw.ends_with(b"/./")
 }
 
 /// The last component of `src`, resolving `.`, `..` and `/`-ended paths as `cp` does.
@@ -168,6 +178,54 @@ impl Copier<'_> {
             }
         }
         Ok(existing)
+    }
+}
+
+impl Copier<'_> {
+    /// Where a regular file's copy is renamed to, given what is at its destination now.
+    ///
+    /// As with GNU cp: a symlink to a file is written through (the copy replaces the link's
+    /// target, and the link stays); a dangling symlink is refused rather than followed into a
+    /// new file; an existing file this process may not write is refused, because renaming over
+    /// it would replace a file whose permissions forbid writing it.
+    pub(super) fn write_target(&self, e: &Entry, existing: Option<&Metadata>) -> Result<PathBuf> {
+        let Some(existing) = existing else {
+            return Ok(e.dst.clone());
+        };
+        let target = if existing.file_type().is_symlink() {
+            match fs::canonicalize(&e.dst) {
+                Ok(t) => t,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                    return Err(Error::Fs {
+                        action: "not writing through dangling symlink",
+                        path: e.dst.clone(),
+                        source: err,
+                    })
+                }
+                Err(source) => {
+                    return Err(Error::Fs {
+                        action: "resolve symlink",
+                        path: e.dst.clone(),
+                        source,
+                    })
+                }
+            }
+        } else {
+            e.dst.clone()
+        };
+        let writable = crate::sys::may_write(&target).map_err(|source| Error::Fs {
+            action: "check write permission of",
+            path: target.clone(),
+            source,
+        })?;
+        if !writable {
+            return Err(Error::Fs {
+                action: "cannot replace a file this user may not write:",
+                path: e.dst.clone(),
+                source: io::Error::from_raw_os_error(libc::EACCES),
+            });
+        }
+        Ok(target)
     }
 }
 

@@ -51,6 +51,7 @@ impl Copier<'_> {
 
     fn copy_symlink(&self, e: &Entry) -> Result<()> {
         self.existing_dest(e)?;
+        self.sweep_stale(&e.dst);
         let target = fs::read_link(&e.src).map_err(|source| Error::Fs {
             action: "read symlink",
             path: e.src.clone(),
@@ -71,8 +72,10 @@ impl Copier<'_> {
 
     fn copy_file(&self, e: &Entry, ring: &mut Ring) -> Result<FileDone> {
         let existing = self.existing_dest(e)?;
+        let target = self.write_target(e, existing.as_ref())?;
+        self.sweep_stale(&target);
         let mut created = None;
-        let temp = TempPath::create(&e.dst, |p| {
+        let temp = TempPath::create(&target, |p| {
             let f = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -150,7 +153,7 @@ impl Copier<'_> {
             verified = true;
         }
         self.apply_file_meta(&handle, e, existing.as_ref())?;
-        temp.commit(&e.dst)?;
+        temp.commit(&target)?;
         self.progress.add_bytes(size.saturating_sub(data));
         let src_pool = src.pool().key().to_string();
         Ok(FileDone {

@@ -119,6 +119,7 @@ where
         settings,
         umask: sys::umask(),
         tally: Mutex::new(Tally::default()),
+        swept: Mutex::default(),
     };
     copier.run(roots);
     let mut report = copier.into_report();
@@ -156,6 +157,8 @@ struct Copier<'a> {
     depth: usize,
     umask: u32,
     tally: Mutex<Tally>,
+    /// Destination directories already swept of stale temporary files (see [`temp`]).
+    swept: Mutex<std::collections::HashSet<PathBuf>>,
 }
 
 impl Copier<'_> {
@@ -175,6 +178,23 @@ impl Copier<'_> {
             dest: dst.to_path_buf(),
             error,
         });
+    }
+
+    /// Before the first file goes into `dst`'s directory, removes what dead copies left there.
+    fn sweep_stale(&self, dst: &Path) {
+        let dir = match dst.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        // A poisoned set only means a sweep may run twice, which is harmless.
+        let first = self
+            .swept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(dir.clone());
+        if first {
+            temp::remove_stale(&dir);
+        }
     }
 
     fn cancelled(&self) -> bool {

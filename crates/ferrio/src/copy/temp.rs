@@ -1,5 +1,8 @@
-//! Temporary names: a hidden `.NAME.ferrio-XXXXXX` next to each destination, removed unless it
-//! is renamed into place.
+//! Temporary names: a hidden `.NAME.ferrio-PID-HHHHXXXXXX` next to each destination (the
+//! copying process's id, a tag of this machine's host name, six random characters), removed
+//! unless it is renamed into place; and the sweep that removes such names left by a process that
+//! no longer exists (killed with `SIGKILL`, or a crash), so a re-run cleans up after its
+//! predecessor.
 //!
 //! It knows names only, not what is written under them.
 
@@ -39,7 +42,8 @@ impl TempPath {
             let mut temp = Vec::with_capacity(name.len() + 16);
             temp.push(b'.');
             temp.extend_from_slice(name);
-            temp.extend_from_slice(b".ferrio-");
+            temp.extend_from_slice(TEMP_MARK);
+            temp.extend_from_slice(own_tag().as_bytes());
             temp.extend_from_slice(&random_suffix());
             let path = dir.join(OsString::from_vec(temp));
             match make(&path) {
@@ -89,6 +93,81 @@ impl Drop for TempPath {
             let _ = fs::remove_file(&self.path);
         }
     }
+}
+
+/// What separates a destination's name from the temporary part.
+const TEMP_MARK: &[u8] = b".ferrio-";
+
+/// `PID-HHHH`: this process's id and a tag of the host name, so that a sweep never takes a name
+/// of a live copy, nor of a copy on another machine sharing the directory (NFS, a volume shared
+/// by containers with their own process ids).
+fn own_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| format!("{}-{}", std::process::id(), host_tag()))
+}
+
+/// Four letters and digits from the host name (FNV-1a), the same in every process of a machine.
+fn host_tag() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let name = fs::read("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
+    for &b in name.trim_ascii() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3);
+    }
+    (0..4)
+        .map(|_| {
+            let c = ALPHABET[(h % ALPHABET.len() as u64) as usize] as char;
+            h /= ALPHABET.len() as u64;
+            c
+        })
+        .collect()
+}
+
+/// The process id in a temporary name of this machine, if `name` is one.
+fn temp_owner(name: &[u8]) -> Option<u32> {
+    if !name.starts_with(b".") {
+        return None;
+    }
+    let at = name
+        .windows(TEMP_MARK.len())
+        .rposition(|w| w == TEMP_MARK)?;
+    let rest = std::str::from_utf8(&name[at + TEMP_MARK.len()..]).ok()?;
+    let (pid, tail) = rest.split_once('-')?;
+    let host = host_tag();
+    if tail.len() != host.len() + 6 || !tail.starts_with(&host) || pid.starts_with('0') {
+        return None;
+    }
+    if !tail.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Removes from `dir` the temporary files and links that copies on this machine left behind
+/// when they died (their process no longer exists). Returns how many were removed; a directory
+/// that cannot be listed is left alone (the copy itself reports what is wrong with it).
+pub(super) fn remove_stale(dir: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    let me = std::process::id();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = temp_owner(name.as_bytes()) else {
+            continue;
+        };
+        if pid == me || crate::sys::process_exists(pid) {
+            continue;
+        }
+        let is_leaf = entry
+            .file_type()
+            .is_ok_and(|t| t.is_file() || t.is_symlink());
+        if is_leaf && fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// Names tried before giving up: a clash needs another copy racing for the same name.
@@ -143,5 +222,34 @@ mod tests {
         assert!(!p1.exists(), "an uncommitted temporary file is removed");
         t2.commit(&dst).unwrap();
         assert_eq!(fs::read(&dst).unwrap(), b"2");
+    }
+
+    #[test]
+    fn stale_names_of_dead_processes_are_removed_and_only_those() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = TempPath::create(&dir.path().join("a.bin"), |p| fs::write(p, b"1")).unwrap();
+        // A process id that does not exist: past the kernel's maximum.
+        let dead = dir
+            .path()
+            .join(format!(".b.bin.ferrio-4194305-{}abcdef", host_tag()));
+        fs::write(&dead, b"2").unwrap();
+        let other_host = dir.path().join(".c.bin.ferrio-4194305-zzzzabcdef");
+        fs::write(&other_host, b"3").unwrap();
+        let user_file = dir.path().join(".d.ferrio-notes");
+        fs::write(&user_file, b"4").unwrap();
+        let parent = std::os::unix::process::parent_id();
+        let alive = dir
+            .path()
+            .join(format!(".e.ferrio-{parent}-{}abcdef", host_tag()));
+        fs::write(&alive, b"5").unwrap();
+        assert_eq!(
+            temp_owner(live.path().file_name().unwrap().as_bytes()),
+            Some(std::process::id())
+        );
+        assert_eq!(remove_stale(dir.path()), 1);
+        assert!(!dead.exists());
+        for kept in [live.path(), &other_host, &user_file, &alive] {
+            assert!(kept.exists(), "{}", kept.display());
+        }
     }
 }

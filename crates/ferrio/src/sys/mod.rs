@@ -311,6 +311,38 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Whether this process may write `path` (`faccessat(W_OK, AT_EACCESS)`: the effective user,
+/// so root may write any file, as the kernel lets it).
+pub fn may_write(path: &Path) -> io::Result<bool> {
+    let c = c_path(path)?;
+    // SAFETY: `c` is a valid C string; faccessat only reads it.
+    let rc = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM | libc::EROFS) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Whether a process with this id exists on this machine (`kill(pid, 0)`; a process of another
+/// user counts as existing).
+pub fn process_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 sends nothing; it only checks that the process exists.
+    if unsafe { libc::kill(pid, 0) } == 0 {
+        return true;
+    }
+    io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 /// CPU time (user + system) used by this process's children that have been waited for, in
 /// seconds.
 pub fn children_cpu_seconds() -> f64 {

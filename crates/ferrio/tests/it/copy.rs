@@ -204,6 +204,75 @@ fn destination_rules_follow_cp() {
 }
 
 #[test]
+fn dot_source_merges_into_an_existing_directory() {
+    // `cp -r src/. dst` with `dst` existing: the contents of src go into dst, not dst/src.
+    let d = disk_dir();
+    let src = d.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    make_file(&src, "a", &data(3000, 7));
+    make_file(&src.join("sub"), "b", &data(4000, 8));
+    let dst = d.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    make_file(&dst, "kept", b"already here");
+    let r = CopyOptions::new().recursive(true);
+    let mut dotted = src.clone().into_os_string();
+    dotted.push("/.");
+    copy([PathBuf::from(&dotted)], &dst, &r)
+        .unwrap()
+        .check()
+        .unwrap();
+    assert_eq!(fs::read(dst.join("a")).unwrap(), data(3000, 7));
+    assert_eq!(fs::read(dst.join("sub").join("b")).unwrap(), data(4000, 8));
+    assert_eq!(fs::read(dst.join("kept")).unwrap(), b"already here");
+    assert!(!dst.join("src").exists() && !dst.join(".").join("src").exists());
+    // To a new name it is a plain copy of the directory.
+    let fresh = d.path().join("fresh");
+    copy([PathBuf::from(&dotted)], &fresh, &r)
+        .unwrap()
+        .check()
+        .unwrap();
+    assert_same_tree(&src, &fresh);
+    assert_no_temp_files(d.path());
+}
+
+#[test]
+fn a_symlink_destination_is_written_through_and_a_dangling_one_refused() {
+    let d = disk_dir();
+    let src = make_file(d.path(), "src", &data(100_000, 9));
+    let target = make_file(d.path(), "target", &data(5000, 10));
+    let link = d.path().join("link");
+    std::os::unix::fs::symlink("target", &link).unwrap();
+    copy([&src], &link, &CopyOptions::new())
+        .unwrap()
+        .check()
+        .unwrap();
+    assert!(
+        fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link stays"
+    );
+    assert_eq!(
+        fs::read(&target).unwrap(),
+        data(100_000, 9),
+        "the target has the new bytes"
+    );
+
+    let dangling = d.path().join("dangling");
+    std::os::unix::fs::symlink("nowhere/file", &dangling).unwrap();
+    let rep = copy([&src], &dangling, &CopyOptions::new()).unwrap();
+    let e = rep.check().unwrap_err();
+    assert!(e.to_string().contains("dangling"), "{e}");
+    assert!(fs::symlink_metadata(&dangling)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(!d.path().join("nowhere").exists());
+    assert_no_temp_files(d.path());
+}
+
+#[test]
 fn existing_destination_is_replaced_whole_and_keeps_its_mode() {
     let d = disk_dir();
     let src = make_file(d.path(), "src", &data(3 << 20, 4));
