@@ -298,9 +298,10 @@ fn cp_refuses_to_replace_a_file_the_user_may_not_write() {
     let o = if root {
         // Root may write anything (as with cp); the rule is checked as an unprivileged user, who
         // owns the read-only file in a directory everyone may write.
-        // SAFETY: chown of a path we created; plain syscall.
         let c = std::ffi::CString::new(dst.as_os_str().as_encoded_bytes()).unwrap();
-        assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+        // SAFETY: `c` is a valid C string naming a file this test created.
+        let rc = unsafe { libc::chown(c.as_ptr(), 65534, 65534) };
+        assert_eq!(rc, 0);
         match Command::new("setpriv")
             .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
             .arg(env!("CARGO_BIN_EXE_ferrio"))
