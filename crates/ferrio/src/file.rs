@@ -962,41 +962,23 @@ impl File {
             // SAFETY: forwarded.
             return unsafe { self.pread_fallback(dst, off, len) };
         };
-        let mut done = 0usize;
-        while done < len {
-            // SAFETY: `dst + done .. dst + len` is inside the caller's memory.
-            let r = unsafe {
-                libc::pread(
-                    dfd.as_raw_fd(),
-                    dst.add(done).cast(),
-                    len - done,
-                    (off + done as u64) as libc::off_t,
-                )
-            };
-            if r < 0 {
-                let e = std::io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EINTR) => continue,
-                    Some(libc::EINVAL) if done == 0 => {
-                        self.inner.direct_refused.store(true, Ordering::Relaxed);
-                        // SAFETY: forwarded.
-                        return unsafe { self.pread_fallback(dst, off, len) };
-                    }
-                    _ => return Err(self.err(Op::Read, off + done as u64, (len - done) as u64, e)),
-                }
+        // SAFETY: forwarded: `dst` is valid for `len` bytes.
+        let (done, outcome) = unsafe { sys::pread_direct(dfd, dst, len, off, align) };
+        self.inner.pool.count_path(true, done);
+        match outcome {
+            Ok(()) => {}
+            Err(e) if done == 0 && e.raw_os_error() == Some(libc::EINVAL) => {
+                self.inner.direct_refused.store(true, Ordering::Relaxed);
+                // SAFETY: forwarded.
+                return unsafe { self.pread_fallback(dst, off, len) };
             }
-            let n = r as usize;
-            if n == 0 {
-                break;
-            }
-            self.inner.pool.count_path(true, n);
-            done += n;
-            if done < len && (off + done as u64) % align != 0 {
-                // SAFETY: the rest of the caller's memory.
-                let rest =
-                    unsafe { self.pread_fallback(dst.add(done), off + done as u64, len - done)? };
-                return Ok(done + rest);
-            }
+            Err(e) => return Err(self.err(Op::Read, off + done as u64, (len - done) as u64, e)),
+        }
+        if done < len && (off + done as u64) % align != 0 {
+            // SAFETY: the rest of the caller's memory.
+            let rest =
+                unsafe { self.pread_fallback(dst.add(done), off + done as u64, len - done)? };
+            return Ok(done + rest);
         }
         Ok(done)
     }
