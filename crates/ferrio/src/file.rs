@@ -264,7 +264,7 @@ impl File {
                 ),
             }
         };
-        let (pool, local) = pool_for_device(st.st_dev, settings);
+        let (pool, local) = pool::pool_for_device(st.st_dev, settings);
         Ok(File {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
@@ -1126,46 +1126,9 @@ impl std::fmt::Debug for File {
     }
 }
 
-/// The pool a file on device `dev` belongs to, and how many threads it gets: the
-/// `device_threads` entry for the key if there is one, else `threads_per_device` for each disk
-/// behind it (a RAID-0 of four disks gets four times as many), else the device kind's default.
-/// With per-device pools off, every file shares the pool `global`.
-fn pool_for_device(dev: libc::dev_t, settings: &Settings) -> (Arc<DevicePool>, bool) {
-    let stack =
-        crate::blockdev::Resolver::system().device(crate::blockdev::DevId::from_st_dev(dev));
-    let local = stack.as_ref().is_ok_and(|s| s.has_block_device());
-    let (key, disks, suggested) = match &stack {
-        Ok(s) => (
-            s.pool.to_string(),
-            s.pool.disk_count().max(1),
-            s.suggested_threads(),
-        ),
-        // Unknown to sysfs (a device that vanished, a container without /sys): a pool of its own.
-        Err(_) => (
-            format!("dev:{}:{}", libc::major(dev), libc::minor(dev)),
-            1,
-            DEFAULT_THREADS,
-        ),
-    };
-    let per_disk = |n: usize| if n > 0 { n * disks } else { suggested };
-    if !settings.per_device_pools {
-        let n = settings
-            .device_threads_for("global")
-            .unwrap_or(per_disk(settings.threads_per_device));
-        return (crate::pool::pool_for("global", n), local);
-    }
-    let n = settings
-        .device_threads_for(&key)
-        .unwrap_or(per_disk(settings.threads_per_device));
-    (crate::pool::pool_for(&key, n), local)
-}
-
 /// Tasks of one buffered write request to a local file that may run at once (see
 /// `File::write_cap`).
 const BUFFERED_WRITES_IN_FLIGHT: usize = 2;
-
-/// Threads of a pool whose device sysfs cannot describe.
-const DEFAULT_THREADS: usize = 4;
 
 /// Statistics of every worker pool started so far.
 pub fn stats() -> Vec<pool::PoolStats> {
