@@ -80,7 +80,8 @@ impl fmt::Display for DevId {
     }
 }
 
-/// What kind of physical device a disk is, which decides its default worker count.
+/// What kind of physical device a disk is, which decides its default worker count
+/// ([`crate::pool::default_threads`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DiskKind {
@@ -116,25 +117,6 @@ impl DiskKind {
 impl fmt::Display for DiskKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// Suggested worker threads for one disk of this kind, used when
-/// [`Settings::threads_per_device`](crate::Settings::threads_per_device) is 0.
-///
-/// Measured (benchmarks/RESULTS.md): a cold read of a virtio disk peaks at about 4 requests in
-/// flight on a 2-core machine, but a hot read (page cache to memory, CPU-bound) scales with cores
-/// up to 16 on the 16-core GPU machine, where 16 threads also lose nothing cold. So solid-state
-/// and virtual disks get one thread per core, at least 4 and at most 16 (NVMe up to 32: deep
-/// hardware queues); a rotating disk gets 2 (more only adds head movement); a loop device 4
-/// (its backing file's own disk is the limit).
-pub fn default_threads(kind: DiskKind) -> usize {
-    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-    match kind {
-        DiskKind::Hdd => 2,
-        DiskKind::Loop => 4,
-        DiskKind::Nvme => cores.clamp(8, 32),
-        DiskKind::Ssd | DiskKind::Virtio | DiskKind::Unknown => cores.clamp(4, 16),
     }
 }
 
@@ -349,24 +331,6 @@ impl DeviceStack {
     /// Whether a block device backs this file system.
     pub fn has_block_device(&self) -> bool {
         self.pool.is_block_device()
-    }
-
-    /// Suggested worker threads for this stack's pool: [`default_threads`] summed over the pool
-    /// members (the largest of a member's disks when it has several, like NVMe namespaces of
-    /// one controller). At least 1; a file system with no block device gets the default of
-    /// [`DiskKind::Unknown`].
-    pub fn suggested_threads(&self) -> usize {
-        let mut per_member: HashMap<&str, usize> = HashMap::new();
-        for disk in &self.disks {
-            let threads = per_member.entry(disk.pool_member()).or_default();
-            *threads = (*threads).max(default_threads(disk.kind));
-        }
-        let total: usize = per_member.values().sum();
-        if total == 0 {
-            default_threads(DiskKind::Unknown)
-        } else {
-            total
-        }
     }
 }
 

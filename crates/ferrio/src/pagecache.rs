@@ -83,8 +83,7 @@ pub fn drop_file(path: &Path) -> Result<()> {
 /// Drops the whole system's clean page cache (`sync`, then `3` into `/proc/sys/vm/drop_caches`).
 /// Needs root; fails with a permission error otherwise.
 pub fn drop_system_cache() -> Result<()> {
-    // SAFETY: sync(2) has no preconditions.
-    unsafe { libc::sync() };
+    sys::sync();
     let path = Path::new("/proc/sys/vm/drop_caches");
     std::fs::write(path, b"3\n").map_err(|e| Error::io(Op::PageCache, path, 0, 2, e))
 }

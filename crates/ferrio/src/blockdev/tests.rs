@@ -2,6 +2,7 @@
 //! the cache, and on real devices: tmpfs, and loop devices when the machine allows (`loopdev_`).
 
 use super::*;
+use crate::pool::{default_threads, suggested_threads};
 
 use std::os::unix::fs::symlink;
 use std::sync::Barrier;
@@ -185,7 +186,10 @@ fn partition_resolves_to_its_whole_disk() {
     assert_eq!(sda.controller, None);
     assert_eq!(stack.pool.to_string(), "sda");
     assert_eq!(stack.pool.disk_count(), 1);
-    assert_eq!(stack.suggested_threads(), default_threads(DiskKind::Hdd));
+    assert_eq!(
+        suggested_threads(Some(&stack)),
+        default_threads(DiskKind::Hdd)
+    );
 
     // The whole disk and the other partition share the pool.
     let whole = sys.resolve(DevId::new(8, 0));
@@ -225,7 +229,7 @@ fn nvme_namespaces_of_one_controller_share_a_pool() {
     assert_eq!(disk_names(&p), ["nvme0n1"]);
     assert_ne!(a.pool, other.pool);
     assert_eq!(other.pool.to_string(), "nvme1");
-    assert_eq!(a.suggested_threads(), default_threads(DiskKind::Nvme));
+    assert_eq!(suggested_threads(Some(&a)), default_threads(DiskKind::Nvme));
 }
 
 #[test]
@@ -260,7 +264,7 @@ fn md_raid0_over_four_nvme_partitions_has_four_disks() {
     assert_eq!(stack.pool.members(), ["nvme0", "nvme1", "nvme2", "nvme3"]);
     assert_eq!(stack.pool.to_string(), "nvme0+nvme1+nvme2+nvme3");
     assert_eq!(
-        stack.suggested_threads(),
+        suggested_threads(Some(&stack)),
         4 * default_threads(DiskKind::Nvme)
     );
 }
@@ -278,7 +282,10 @@ fn md_over_namespaces_of_one_controller_is_one_pool_member() {
     assert_eq!(disk_names(&stack), ["nvme0n1", "nvme0n2"]);
     assert_eq!(stack.pool.to_string(), "nvme0");
     assert_eq!(stack.pool.disk_count(), 1);
-    assert_eq!(stack.suggested_threads(), default_threads(DiskKind::Nvme));
+    assert_eq!(
+        suggested_threads(Some(&stack)),
+        default_threads(DiskKind::Nvme)
+    );
 }
 
 #[test]
@@ -475,7 +482,7 @@ fn major_zero_needs_no_sysfs() {
     assert_eq!(stack.pool.to_string(), "fs:0:45");
     assert_eq!(stack.pool.disk_count(), 0);
     assert_eq!(
-        stack.suggested_threads(),
+        suggested_threads(Some(&stack)),
         default_threads(DiskKind::Unknown)
     );
 }

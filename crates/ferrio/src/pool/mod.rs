@@ -1,5 +1,6 @@
-//! Worker pools: one per block device (or one global pool), a registry that finds them, the
-//! global thread cap, per-pool statistics, and [`IoFuture`].
+//! Worker pools: one per block device (or one global pool), the global thread cap, per-pool
+//! statistics, and [`IoFuture`]. Which pool a file gets is `registry.rs`; how many threads a
+//! pool gets is `threads.rs`; this file is the pool itself (workers, jobs, scheduling).
 //!
 //! A pool runs *jobs*. A job is one request split into tasks. Workers take tasks round-robin
 //! across the jobs queued on their pool: after a worker claims a task of the job at the front,
@@ -18,13 +19,18 @@
 //! `Completion` lock is taken last and only by `future.rs`.
 
 mod future;
+mod registry;
+mod threads;
 
 pub(crate) use future::Completion;
 pub use future::{wait_all, IoFuture};
+pub(crate) use registry::pool_for_device;
+pub use registry::stats;
+pub use threads::{default_threads, suggested_threads};
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::error::Result;
@@ -484,40 +490,6 @@ impl std::fmt::Debug for DevicePool {
 
 /// Requests of one task up to this size run on the calling thread.
 const INLINE_MAX_BYTES: usize = 64 << 10;
-
-fn registry() -> &'static Mutex<HashMap<String, Arc<DevicePool>>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<DevicePool>>>> = OnceLock::new();
-    REGISTRY.get_or_init(Default::default)
-}
-
-/// The pool for `key`, created (without threads) on first use, sized for `threads` threads.
-/// A later call with another size resizes it: growing takes effect with the next request;
-/// shrinking ends surplus threads as soon as they finish their current task.
-pub(crate) fn pool_for(key: &str, threads: usize) -> Arc<DevicePool> {
-    let pool = {
-        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-        Arc::clone(
-            reg.entry(key.to_string())
-                .or_insert_with(|| DevicePool::new(key.to_string(), threads)),
-        )
-    };
-    let old = pool.max_threads.swap(threads.max(1), Ordering::Relaxed);
-    if threads < old {
-        pool.ready.notify_all();
-    }
-    pool
-}
-
-/// Statistics of every pool started so far, sorted by key.
-pub fn stats() -> Vec<PoolStats> {
-    let pools: Vec<Arc<DevicePool>> = {
-        let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-        reg.values().cloned().collect()
-    };
-    let mut v: Vec<PoolStats> = pools.iter().map(|p| p.stats()).collect();
-    v.sort_by(|a, b| a.key.cmp(&b.key));
-    v
-}
 
 /// I/O worker threads started by all pools together.
 pub fn total_threads() -> usize {

@@ -1,7 +1,8 @@
 //! Every raw syscall ferrio makes, wrapped so that callers get `io::Result` and never see `errno`.
 //!
 //! This module owns file descriptors' syscalls (open, pread/pwrite loops, statx, cachestat,
-//! fadvise, mincore) and aligned allocations. Nothing here knows about tasks, pools or settings.
+//! fadvise, mincore, sync) and aligned allocations. Nothing here knows about tasks, pools or
+//! settings.
 
 mod aligned;
 mod copy;
@@ -66,6 +67,44 @@ pub unsafe fn pread_full(
     len: usize,
     offset: u64,
 ) -> io::Result<usize> {
+    // SAFETY: forwarded from this function's contract.
+    let (done, outcome) = unsafe { pread_until(fd, buf, len, offset, |_| false) };
+    outcome.map(|()| done)
+}
+
+/// Reads into `buf` at `offset` through a descriptor opened with `O_DIRECT`: as [`pread_full`],
+/// but it also stops where a transfer ends at an offset that is not a multiple of `align`
+/// (the file's last partial block, or a file system that splits transfers), because a direct
+/// read cannot go on from there. Returns the bytes read, and how it stopped: `Ok` when full, at
+/// end of file or at such an offset; the error otherwise (the bytes read before it are counted).
+///
+/// # Safety
+/// `buf` must be valid for writes of `len` bytes for the whole call.
+pub unsafe fn pread_direct(
+    fd: BorrowedFd<'_>,
+    buf: *mut u8,
+    len: usize,
+    offset: u64,
+    align: u64,
+) -> (usize, io::Result<()>) {
+    let align = align.max(1);
+    // SAFETY: forwarded from this function's contract.
+    unsafe { pread_until(fd, buf, len, offset, |at| at % align != 0) }
+}
+
+/// The `pread` loop under [`pread_full`] and [`pread_direct`]: reads until `buf` is full, end of
+/// file, an error, or `stop(file offset reached)` says so after a transfer. Returns the bytes
+/// read and the error that ended it, if any.
+///
+/// # Safety
+/// `buf` must be valid for writes of `len` bytes for the whole call.
+unsafe fn pread_until(
+    fd: BorrowedFd<'_>,
+    buf: *mut u8,
+    len: usize,
+    offset: u64,
+    stop: impl Fn(u64) -> bool,
+) -> (usize, io::Result<()>) {
     let mut done = 0usize;
     while done < len {
         let want = (len - done).min(MAX_IO);
@@ -83,14 +122,17 @@ pub unsafe fn pread_full(
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err(e);
+            return (done, Err(e));
         }
         if n == 0 {
             break;
         }
         done += n as usize;
+        if done < len && stop(offset + done as u64) {
+            break;
+        }
     }
-    Ok(done)
+    (done, Ok(()))
 }
 
 /// Writes all of `buf` at `offset`; retries `EINTR` and partial writes.
@@ -276,6 +318,12 @@ pub fn fadvise_dontneed(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result
 pub fn fdatasync(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: plain syscall on an open descriptor.
     cvt(unsafe { libc::fdatasync(fd.as_raw_fd()) }).map(|_| ())
+}
+
+/// `sync(2)`: flushes every file system's dirty data.
+pub fn sync() {
+    // SAFETY: sync(2) has no preconditions and cannot fail.
+    unsafe { libc::sync() };
 }
 
 /// `ftruncate(2)`.

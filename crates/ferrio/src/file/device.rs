@@ -1,0 +1,114 @@
+//! Transfers between a [`File`] and GPU memory: checks the pointer, plans guided tasks that each
+//! span a bounce ring, and runs every task through the worker's ring ([`crate::bounce`]), reading
+//! or writing the file with the host read and write paths. The only CUDA calls made here are
+//! [`crate::cuda`]'s questions (is there a driver, what is this pointer); copies are the ring's.
+
+use std::sync::Arc;
+
+use super::File;
+use crate::bounce;
+use crate::cuda::{self, DevicePtr, Memory};
+use crate::error::{Error, Op, Result};
+use crate::plan::{self, Task};
+use crate::pool::{Completion, Direction, Request, Worker};
+
+impl File {
+    /// Plans and queues a transfer between the file and device memory.
+    ///
+    /// # Safety
+    /// As [`File::pread_device`] / [`File::pwrite_device`].
+    pub(super) unsafe fn start_device(
+        &self,
+        ptr: DevicePtr,
+        len: usize,
+        offset: u64,
+        direction: Direction,
+    ) -> Result<Arc<Completion>> {
+        let op = if direction == Direction::Read {
+            Op::Read
+        } else {
+            Op::Write
+        };
+        self.check_mode(op)?;
+        cuda::available()?;
+        let context = match cuda::try_classify(ptr.0 as usize)? {
+            Memory::Device { context, .. } => context,
+            Memory::Host => {
+                return Err(Error::InvalidArgument(format!(
+                    "address {:#x} is not GPU memory (use the host-memory calls for it)",
+                    ptr.0
+                )))
+            }
+        };
+        if ptr.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument("device range wraps around".into()));
+        }
+        let offset = if direction == Direction::Write {
+            self.write_offset(offset, len)
+        } else {
+            offset
+        };
+        // A task spans the ring at least, so that inside it the read of one buffer overlaps the
+        // copy of the one before, and several rings where the transfer is large enough.
+        let ring_bytes =
+            self.inner.settings.bounce_buffer_size * self.inner.settings.bounce_buffers as u64;
+        self.check_range(offset, len)?;
+        let min_task = self.choices.task_size.max(ring_bytes);
+        let tasks = plan::split_guided(
+            offset,
+            len,
+            min_task,
+            plan::MAX_DEVICE_TASK.max(min_task),
+            2 * self.inner.pool.width() as u64,
+            self.plan_align(),
+        );
+        if direction == Direction::Write {
+            self.extend_for_direct_write(offset, len, tasks.len())?;
+        }
+        let file = self.clone();
+        let run = Box::new(move |w: &mut Worker, t: &Task| {
+            let at = DevicePtr(ptr.0 + t.buf_offset as u64);
+            let settings = &file.inner.settings;
+            if direction == Direction::Read {
+                // The last copies may still run when the task returns: the worker reads its
+                // next task meanwhile, and the request completes once they have finished.
+                let started = bounce::start_read_to_device(
+                    context,
+                    at,
+                    t.len,
+                    t.offset,
+                    settings,
+                    &mut |buf, off| {
+                        let chunk = Task::at_buffer_start(off, buf.len());
+                        // SAFETY: `buf` is the ring's pinned buffer, valid for `buf.len()` bytes.
+                        unsafe { file.read_task(w, buf.as_mut_ptr(), &chunk) }
+                    },
+                );
+                w.leave_running(
+                    context.id(),
+                    Box::new(move || bounce::finish_thread_ring(context)),
+                );
+                started
+            } else {
+                bounce::write_from_device(
+                    context,
+                    at,
+                    t.len,
+                    t.offset,
+                    settings,
+                    &mut |buf, off| {
+                        let chunk = Task::at_buffer_start(off, buf.len());
+                        // SAFETY: `buf` is the ring's pinned buffer, valid for `buf.len()` bytes.
+                        unsafe { file.write_task(w, buf.as_ptr(), &chunk) }.map(|_| ())
+                    },
+                )
+            }
+        });
+        // Device tasks never run inline: the caller's thread has no bounce ring to spare.
+        let request = Request {
+            inline_ok: false,
+            ..self.request(tasks, offset, len, direction, run)
+        };
+        Ok(self.queue(request))
+    }
+}

@@ -1,0 +1,531 @@
+//! [`File`]: opening (the buffered and `O_DIRECT` descriptors, the device pool), the accessors,
+//! the public read and write entry points, and the plumbing every path shares: planning a range
+//! into tasks ([`crate::plan`]) and queueing them on the file's pool ([`crate::pool`]). The paths
+//! themselves live beside it: `read.rs`, `write.rs` and `device.rs` (GPU memory); `mode.rs`
+//! parses open modes. Syscalls go through [`crate::sys`] only.
+
+mod device;
+mod mode;
+mod read;
+mod write;
+
+pub use mode::Mode;
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::buffer::{IoBuf, IoBufMut};
+use crate::config::{DirectMode, Settings};
+use crate::cuda::DevicePtr;
+use crate::direct::{self, DirectSupport};
+use crate::error::{Error, Op, Result};
+use crate::plan::{self, Task};
+use crate::pool::{self, Completion, DevicePool, Direction, IoFuture, Request};
+use crate::sys;
+
+/// Per-file choices, taken from the settings in force at open and overridable per file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Choices {
+    task_size: u64,
+    direct_read: DirectMode,
+    direct_write: DirectMode,
+    overread: bool,
+}
+
+/// Opens a [`File`] with options beyond its mode. Unset options come from
+/// [`Settings::current`] at open.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    settings: Option<Settings>,
+    task_size: Option<u64>,
+    direct_read: Option<DirectMode>,
+    direct_write: Option<DirectMode>,
+    overread: Option<bool>,
+}
+
+impl OpenOptions {
+    /// Options with everything taken from the settings in force.
+    pub fn new() -> OpenOptions {
+        OpenOptions::default()
+    }
+
+    /// Uses these settings instead of [`Settings::current`].
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.settings = Some(settings);
+        self
+    }
+
+    /// Bytes per task for this file.
+    pub fn task_size(mut self, bytes: u64) -> Self {
+        self.task_size = Some(bytes.max(1));
+        self
+    }
+
+    /// `O_DIRECT` policy for reads of this file.
+    pub fn direct_read(mut self, mode: DirectMode) -> Self {
+        self.direct_read = Some(mode);
+        self
+    }
+
+    /// `O_DIRECT` policy for writes to this file.
+    pub fn direct_write(mut self, mode: DirectMode) -> Self {
+        self.direct_write = Some(mode);
+        self
+    }
+
+    /// Over-read: unaligned heads and tails read with `O_DIRECT` into scratch memory too.
+    pub fn overread(mut self, on: bool) -> Self {
+        self.overread = Some(on);
+        self
+    }
+
+    /// Opens `path` with `mode` (`"r"`, `"r+"`, `"w"`, `"w+"`, `"a"`, `"a+"`).
+    pub fn open(&self, path: impl AsRef<Path>, mode: &str) -> Result<File> {
+        let mode: Mode = mode.parse()?;
+        let settings = self.settings.clone().unwrap_or_else(Settings::current);
+        let choices = Choices {
+            task_size: self.task_size.unwrap_or(settings.task_size),
+            direct_read: self.direct_read.unwrap_or(settings.direct_read),
+            direct_write: self.direct_write.unwrap_or(settings.direct_write),
+            overread: self.overread.unwrap_or(settings.direct_overread),
+        };
+        File::open_with(path.as_ref(), mode, choices, &settings)
+    }
+}
+
+/// An open file whose reads and writes run in parallel on its device's worker pool.
+///
+/// `File` is cheap to clone (clones share the descriptors) and safe to use from many threads at
+/// once. Reads at or past the end of the file return a short count, not an error.
+#[derive(Clone)]
+pub struct File {
+    inner: Arc<Inner>,
+    choices: Choices,
+}
+
+struct Inner {
+    path: PathBuf,
+    mode: Mode,
+    fd: OwnedFd,
+    direct_fd: Option<OwnedFd>,
+    direct: DirectSupport,
+    /// Set when a direct call was refused after open (some FUSE file systems): from then on the
+    /// file goes through the page cache only.
+    direct_refused: AtomicBool,
+    /// Next append offset, for modes `a` and `a+`.
+    append_at: Mutex<u64>,
+    pool: Arc<DevicePool>,
+    /// Whether the file lives on a block device (a local file system), not NFS/FUSE/tmpfs.
+    local: bool,
+    /// The settings at open (thread cap, bounce-ring sizes).
+    settings: Settings,
+}
+
+/// A raw address that may cross to worker threads; the future it belongs to keeps it valid.
+#[derive(Clone, Copy)]
+struct Addr(usize);
+
+impl File {
+    /// Opens `path` with `mode` (`"r"`, `"r+"`, `"w"`, `"w+"`, `"a"`, `"a+"`) and the settings
+    /// in force ([`Settings::current`]).
+    pub fn open(path: impl AsRef<Path>, mode: &str) -> Result<File> {
+        OpenOptions::new().open(path, mode)
+    }
+
+    /// Options for opening a file with per-file settings.
+    pub fn options() -> OpenOptions {
+        OpenOptions::new()
+    }
+
+    fn open_with(path: &Path, mode: Mode, choices: Choices, settings: &Settings) -> Result<File> {
+        let open_err = |source| Error::Open {
+            path: path.to_path_buf(),
+            mode: mode.as_str().to_string(),
+            source,
+        };
+        let fd = sys::open(path, mode.flags(), 0o666).map_err(open_err)?;
+        let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io(Op::Stat, path, 0, 0, e))?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return Err(open_err(std::io::Error::from_raw_os_error(libc::EISDIR)));
+        }
+        let wants_direct = (mode.readable() && choices.direct_read != DirectMode::Off)
+            || (mode.writable() && choices.direct_write != DirectMode::Off);
+        let (direct_fd, direct) = if !wants_direct {
+            (
+                None,
+                DirectSupport::Unsupported {
+                    reason: "turned off for this file".into(),
+                },
+            )
+        } else {
+            match sys::open(path, mode.direct_flags(), 0) {
+                Ok(dfd) => {
+                    let support = direct::discover(dfd.as_fd(), st.st_dev);
+                    (Some(dfd), support)
+                }
+                Err(e) => (
+                    None,
+                    DirectSupport::Unsupported {
+                        reason: format!("the file system refused O_DIRECT: {e}"),
+                    },
+                ),
+            }
+        };
+        let (pool, local) = pool::pool_for_device(st.st_dev, settings);
+        Ok(File {
+            inner: Arc::new(Inner {
+                path: path.to_path_buf(),
+                mode,
+                fd,
+                direct_fd,
+                direct,
+                direct_refused: AtomicBool::new(false),
+                append_at: Mutex::new(st.st_size as u64),
+                pool,
+                local,
+                settings: settings.clone(),
+            }),
+            choices,
+        })
+    }
+
+    /// The path the file was opened with.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The mode the file was opened with.
+    pub fn mode(&self) -> Mode {
+        self.inner.mode
+    }
+
+    /// The file's current size in bytes.
+    pub fn len(&self) -> Result<u64> {
+        let st = sys::fstat(self.inner.fd.as_fd()).map_err(|e| self.err(Op::Stat, 0, 0, e))?;
+        Ok(st.st_size as u64)
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Whether and how `O_DIRECT` can be used on this file.
+    pub fn direct_support(&self) -> DirectSupport {
+        if self.inner.direct_refused.load(Ordering::Relaxed) {
+            return DirectSupport::Unsupported {
+                reason: "the file system refused an O_DIRECT transfer; using the page cache".into(),
+            };
+        }
+        self.inner.direct.clone()
+    }
+
+    /// The `O_DIRECT` policy for reads of this file.
+    pub fn direct_read(&self) -> DirectMode {
+        self.choices.direct_read
+    }
+
+    /// The `O_DIRECT` policy for writes to this file.
+    pub fn direct_write(&self) -> DirectMode {
+        self.choices.direct_write
+    }
+
+    /// Bytes per task for this handle.
+    pub fn task_size(&self) -> u64 {
+        self.choices.task_size
+    }
+
+    /// A handle to the same open file whose requests use `bytes` per task (a per-call setting:
+    /// `file.with_task_size(1 << 20).pread(buf, 0)`).
+    pub fn with_task_size(&self, bytes: u64) -> File {
+        File {
+            inner: Arc::clone(&self.inner),
+            choices: Choices {
+                task_size: bytes.max(1),
+                ..self.choices
+            },
+        }
+    }
+
+    /// The worker pool serving this file.
+    pub fn pool(&self) -> &DevicePool {
+        &self.inner.pool
+    }
+
+    /// Reads `buf.io_len()` bytes at `offset` into `buf` in parallel; the future owns the buffer
+    /// until it is done ([`IoFuture::into_buffer`] gives it back).
+    pub fn pread<B: IoBufMut>(&self, mut buf: B, offset: u64) -> IoFuture<B> {
+        let (ptr, len) = (buf.io_ptr_mut(), buf.io_len());
+        // SAFETY: `IoBufMut` guarantees `ptr..ptr+len` stays valid and in place while `buf`
+        // lives, and the future owns `buf` until every task has returned.
+        let completion = unsafe { self.start_read(ptr, len, offset) };
+        match completion {
+            Ok(c) => IoFuture::new(c, buf),
+            Err(e) => IoFuture::failed(e, buf),
+        }
+    }
+
+    /// Writes all of `buf` at `offset` in parallel (at the end of the file in append modes).
+    ///
+    /// A direct write of several tasks that ends past the end of the file first extends the
+    /// file to its new length with one `fallocate` (see [`File::allocate`]): a full disk fails
+    /// the write before any byte is written, and if the write fails later the file keeps its
+    /// new length.
+    pub fn pwrite<B: IoBuf>(&self, buf: B, offset: u64) -> IoFuture<B> {
+        let (ptr, len) = (buf.io_ptr(), buf.io_len());
+        // SAFETY: `IoBuf` guarantees `ptr..ptr+len` stays valid, unchanged and in place while
+        // `buf` lives, and the future owns `buf` until every task has returned.
+        let completion = unsafe { self.start_write(ptr, len, offset) };
+        match completion {
+            Ok(c) => IoFuture::new(c, buf),
+            Err(e) => IoFuture::failed(e, buf),
+        }
+    }
+
+    /// Reads `len` bytes at `offset` into memory at `ptr` in parallel.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for writes of `len` bytes, and nothing else may access that memory,
+    /// until the returned future has been waited on or dropped. The future must not be leaked
+    /// (`mem::forget`) while the memory can be freed.
+    pub unsafe fn pread_raw(&self, ptr: *mut u8, len: usize, offset: u64) -> IoFuture {
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { self.start_read(ptr, len, offset) } {
+            Ok(c) => IoFuture::new(c, ()),
+            Err(e) => IoFuture::failed(e, ()),
+        }
+    }
+
+    /// Writes `len` bytes from memory at `ptr` at `offset` in parallel.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads of `len` bytes, and the memory must not change, until the
+    /// returned future has been waited on or dropped. The future must not be leaked.
+    pub unsafe fn pwrite_raw(&self, ptr: *const u8, len: usize, offset: u64) -> IoFuture {
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { self.start_write(ptr, len, offset) } {
+            Ok(c) => IoFuture::new(c, ()),
+            Err(e) => IoFuture::failed(e, ()),
+        }
+    }
+
+    /// Reads `len` bytes at `offset` into GPU memory at `dst`, in parallel: each worker reads
+    /// into its pinned bounce buffers and copies them to the device on its own stream, so the
+    /// read of one buffer overlaps the copy of the previous one. The future completes when the
+    /// last copy has. The CUDA context comes from the pointer (several GPUs work). Fails with
+    /// [`Error::CudaUnavailable`] without a driver and [`Error::InvalidArgument`] when `dst` is
+    /// not device memory.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must be device (or managed) memory that stays allocated, and that nothing
+    /// else writes, until the returned future has been waited on or dropped. The future must not
+    /// be leaked.
+    pub unsafe fn pread_device(&self, dst: DevicePtr, len: usize, offset: u64) -> IoFuture {
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { self.start_device(dst, len, offset, Direction::Read) } {
+            Ok(c) => IoFuture::new(c, ()),
+            Err(e) => IoFuture::failed(e, ()),
+        }
+    }
+
+    /// Writes `len` bytes from GPU memory at `src` to the file at `offset`, in parallel: each
+    /// worker copies chunks to its pinned bounce buffers on its own stream while it writes the
+    /// previous chunk. Work on other streams that produces `src` must have finished first.
+    ///
+    /// # Safety
+    /// `src..src+len` must be device (or managed) memory that stays allocated and unchanged until
+    /// the returned future has been waited on or dropped. The future must not be leaked.
+    pub unsafe fn pwrite_device(&self, src: DevicePtr, len: usize, offset: u64) -> IoFuture {
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { self.start_device(src, len, offset, Direction::Write) } {
+            Ok(c) => IoFuture::new(c, ()),
+            Err(e) => IoFuture::failed(e, ()),
+        }
+    }
+
+    /// Reads into `buf` at `offset`, in parallel, and waits. Returns the bytes read: fewer than
+    /// `buf.len()` only at end of file (0 past it).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        // SAFETY: `buf` is exclusively borrowed for this call and the future is waited on
+        // (or dropped, which waits) before the borrow ends.
+        unsafe { self.pread_raw(buf.as_mut_ptr(), buf.len(), offset) }.wait()
+    }
+
+    /// Writes all of `buf` at `offset`, in parallel, and waits. Returns `buf.len()`.
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<usize> {
+        // SAFETY: `buf` is borrowed for this call and the future is waited on (or dropped,
+        // which waits) before the borrow ends.
+        unsafe { self.pwrite_raw(buf.as_ptr(), buf.len(), offset) }.wait()
+    }
+
+    /// Flushes written data to the device (`fdatasync`).
+    pub fn sync(&self) -> Result<()> {
+        sys::fdatasync(self.inner.fd.as_fd()).map_err(|e| self.err(Op::Sync, 0, 0, e))
+    }
+
+    /// Reserves disk space for the first `len` bytes and makes the file at least that long
+    /// (`fallocate`), so that a large write allocates its blocks once instead of as it goes.
+    /// Returns `Ok(false)`, changing nothing, where the file system cannot preallocate.
+    pub fn allocate(&self, len: u64) -> Result<bool> {
+        self.check_mode(Op::Write)?;
+        self.fallocate(0, len)
+    }
+
+    /// Truncates or extends the file to `len` bytes.
+    pub fn set_len(&self, len: u64) -> Result<()> {
+        self.check_mode(Op::Write)?;
+        sys::ftruncate(self.inner.fd.as_fd(), len).map_err(|e| self.err(Op::Write, len, 0, e))?;
+        if self.inner.mode.appends() {
+            *self
+                .inner
+                .append_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = len;
+        }
+        Ok(())
+    }
+
+    fn err(&self, op: Op, offset: u64, len: u64, e: std::io::Error) -> Error {
+        Error::io(op, &self.inner.path, offset, len, e)
+    }
+
+    fn check_mode(&self, op: Op) -> Result<()> {
+        let ok = match op {
+            Op::Read => self.inner.mode.readable(),
+            _ => self.inner.mode.writable(),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::BadMode {
+                path: self.inner.path.clone(),
+                mode: self.inner.mode.as_str().into(),
+                op,
+            })
+        }
+    }
+
+    /// Alignment used to plan tasks: the direct-I/O offset alignment, at least a page, so that
+    /// buffered heads and tails never share a page with a direct transfer of another task.
+    fn plan_align(&self) -> u64 {
+        let page = sys::page_size() as u64;
+        match &self.inner.direct {
+            DirectSupport::Available { offset_align, .. } => (*offset_align as u64).max(page),
+            DirectSupport::Unsupported { .. } => page,
+        }
+    }
+
+    fn plan(&self, offset: u64, len: usize) -> Result<Vec<Task>> {
+        self.check_range(offset, len)?;
+        Ok(plan::split(
+            offset,
+            len,
+            self.choices.task_size,
+            self.plan_align(),
+        ))
+    }
+
+    fn check_range(&self, offset: u64, len: usize) -> Result<()> {
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > i64::MAX as u64)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "offset {offset} + length {len} is past the largest file offset"
+            )));
+        }
+        Ok(())
+    }
+
+    fn cap_for(&self, direction: Direction) -> usize {
+        match direction {
+            Direction::Read => usize::MAX,
+            Direction::Write => self.write_cap(),
+        }
+    }
+
+    /// A request for `tasks` covering `[offset, offset+len)`, with its own completion: small
+    /// ones may run inline, writes are capped as [`File::cap_for`] says.
+    fn request(
+        &self,
+        tasks: Vec<Task>,
+        offset: u64,
+        len: usize,
+        direction: Direction,
+        run: Box<pool::TaskFn>,
+    ) -> Request {
+        Request {
+            completion: Completion::new(offset, len, tasks.len()),
+            tasks,
+            direction,
+            inline_ok: true,
+            max_active: self.cap_for(direction),
+            run,
+        }
+    }
+
+    /// Queues `request` on the file's pool; returns its completion.
+    fn queue(&self, request: Request) -> Arc<Completion> {
+        let completion = Arc::clone(&request.completion);
+        self.inner
+            .pool
+            .submit(request, self.inner.settings.max_threads);
+        completion
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+
+    /// The direct descriptor and its alignments, unless direct I/O is unavailable or refused.
+    fn direct(&self) -> Option<(BorrowedFd<'_>, usize, u64)> {
+        if self.inner.direct_refused.load(Ordering::Relaxed) {
+            return None;
+        }
+        match (&self.inner.direct_fd, &self.inner.direct) {
+            (
+                Some(fd),
+                DirectSupport::Available {
+                    mem_align,
+                    offset_align,
+                    ..
+                },
+            ) => Some((
+                fd.as_fd(),
+                *mem_align as usize,
+                (*offset_align as u64).max(1),
+            )),
+            _ => None,
+        }
+    }
+}
+
+impl AsRawFd for File {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
+    }
+}
+
+impl AsFd for File {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("File")
+            .field("path", &self.inner.path)
+            .field("mode", &self.inner.mode)
+            .field("direct", &self.inner.direct)
+            .field("pool", &self.inner.pool.key())
+            .finish()
+    }
+}
+
+/// Statistics of every worker pool started so far.
+pub fn stats() -> Vec<pool::PoolStats> {
+    pool::stats()
+}

@@ -1,0 +1,248 @@
+//! The write path of a [`File`]: the offset a write goes to (append modes), preallocation before
+//! a direct write that extends the file, how many tasks of a write run at once, and each task's
+//! choice between the page cache and `O_DIRECT`, with the buffered fallback when direct I/O is
+//! refused. Syscalls go through [`crate::sys`]; the policy (when to go direct) is
+//! [`crate::direct`].
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{Addr, File};
+use crate::config::DirectMode;
+use crate::direct;
+use crate::error::{Op, Result};
+use crate::plan::{self, Task};
+use crate::pool::{Completion, Direction, Worker};
+use crate::sys;
+
+/// Tasks of one buffered write request to a local file that may run at once (see
+/// `File::write_cap`).
+const BUFFERED_WRITES_IN_FLIGHT: usize = 2;
+
+impl File {
+    /// Plans a write from host memory at `ptr` (at the end of the file in append modes) and
+    /// queues it on the file's pool.
+    ///
+    /// # Safety
+    /// As [`File::pwrite_raw`].
+    pub(super) unsafe fn start_write(
+        &self,
+        ptr: *const u8,
+        len: usize,
+        offset: u64,
+    ) -> Result<Arc<Completion>> {
+        self.check_mode(Op::Write)?;
+        let offset = self.write_offset(offset, len);
+        let tasks = self.plan(offset, len)?;
+        self.extend_for_direct_write(offset, len, tasks.len())?;
+        let file = self.clone();
+        let base = Addr(ptr as usize);
+        let run = Box::new(move |w: &mut Worker, t: &Task| {
+            let src = (base.0 + t.buf_offset) as *const u8;
+            // SAFETY: the task's slice lies inside `ptr..ptr+len`, which the caller keeps valid
+            // and unchanged until the future is done.
+            unsafe { file.write_task(w, src, t) }
+        });
+        Ok(self.queue(self.request(tasks, offset, len, Direction::Write, run)))
+    }
+
+    /// The offset a write of `len` bytes goes to: `offset`, or the end of the file in append
+    /// modes (reserving the range, so concurrent appends do not overlap).
+    pub(super) fn write_offset(&self, offset: u64, len: usize) -> u64 {
+        if !self.inner.mode.appends() {
+            return offset;
+        }
+        let mut at = self
+            .inner
+            .append_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let start = *at;
+        *at += len as u64;
+        start
+    }
+
+    /// Before a direct write of several tasks that ends past the end of the file, allocates
+    /// the part past the end in one `fallocate`, which also moves the end. Local file systems
+    /// serialise direct writes that extend a file (each holds the inode lock until its I/O is
+    /// done, so that the end moves in order), and allocate blocks write by write; one
+    /// `fallocate` first lets the writes run side by side and is faster than an `ftruncate`
+    /// first (measured: see benchmarks/RESULTS.md). Where the file system cannot preallocate,
+    /// nothing changes; a full disk (or quota) fails the write before it starts.
+    pub(super) fn extend_for_direct_write(
+        &self,
+        offset: u64,
+        len: usize,
+        tasks: usize,
+    ) -> Result<()> {
+        if tasks < 2
+            || !self.inner.local
+            || self.choices.direct_write == DirectMode::Off
+            || self.direct().is_none()
+        {
+            return Ok(());
+        }
+        let end = offset + len as u64;
+        let size = match sys::fstat(self.fd()) {
+            Ok(st) => st.st_size as u64,
+            Err(_) => return Ok(()),
+        };
+        if end <= size {
+            return Ok(());
+        }
+        let from = offset.max(size);
+        match self.fallocate(from, end - from) {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.os_error()
+                    .and_then(|e| e.raw_os_error())
+                    .is_some_and(|c| c == libc::ENOSPC || c == libc::EDQUOT) =>
+            {
+                Err(e)
+            }
+            // Refused for another reason: the writes allocate as they go and report their own
+            // errors.
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// `fallocate` of `[offset, offset+len)`; `Ok(false)` where the file system cannot.
+    pub(super) fn fallocate(&self, offset: u64, len: u64) -> Result<bool> {
+        match sys::fallocate(self.fd(), offset, len) {
+            Ok(()) => Ok(true),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(self.err(Op::Write, offset, len, e)),
+        }
+    }
+
+    /// Most tasks of one write request running at once. Buffered writes to one file serialise
+    /// on the inode's lock in local file systems, so more than two in flight only adds lock
+    /// spinning and CPU time (measured: see benchmarks/RESULTS.md); direct writes and file
+    /// systems without a block device (NFS, FUSE) run on every thread.
+    pub(super) fn write_cap(&self) -> usize {
+        if self.choices.direct_write == DirectMode::Off && self.inner.local {
+            BUFFERED_WRITES_IN_FLIGHT
+        } else {
+            usize::MAX
+        }
+    }
+
+    /// Writes one task from `src`.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `t.len` bytes.
+    pub(super) unsafe fn write_task(
+        &self,
+        w: &mut Worker,
+        src: *const u8,
+        t: &Task,
+    ) -> Result<usize> {
+        let direct = self.direct().filter(|_| {
+            direct::write_direct(
+                self.choices.direct_write,
+                self.inner.local,
+                self.fd(),
+                t.offset,
+                t.len,
+            )
+        });
+        let Some((_, _, align)) = direct else {
+            // SAFETY: forwarded.
+            unsafe { self.pwrite_buffered(src, t.offset, t.len)? };
+            return Ok(t.len);
+        };
+        let parts = plan::direct_parts(t.offset, t.end(), align);
+        let mut done = 0usize;
+        for (range, direct) in [
+            (parts.head, false),
+            (parts.middle, true),
+            (parts.tail, false),
+        ] {
+            let n = (range.end - range.start) as usize;
+            if n == 0 {
+                continue;
+            }
+            // SAFETY: `done` bytes precede this part in the task's memory.
+            let at = unsafe { src.add(done) };
+            if direct {
+                // SAFETY: forwarded.
+                unsafe { self.write_direct_range(w, at, range.start, n)? };
+            } else {
+                // SAFETY: forwarded.
+                unsafe { self.pwrite_buffered(at, range.start, n)? };
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes.
+    unsafe fn pwrite_buffered(&self, src: *const u8, off: u64, len: usize) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { sys::pwrite_full(self.fd(), src, len, off) }
+            .map_err(|e| self.err(Op::Write, off, len as u64, e))?;
+        self.inner.pool.count_path(false, len);
+        Ok(())
+    }
+
+    /// Writes the aligned range with `O_DIRECT`, from `src` when it is aligned, else through the
+    /// worker's scratch buffer; a refusal turns direct I/O off for this file and writes buffered.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes.
+    unsafe fn write_direct_range(
+        &self,
+        w: &mut Worker,
+        src: *const u8,
+        off: u64,
+        len: usize,
+    ) -> Result<()> {
+        let Some((dfd, mem_align, align)) = self.direct() else {
+            // SAFETY: forwarded.
+            return unsafe { self.pwrite_buffered(src, off, len) };
+        };
+        let scratch = if (src as usize) % mem_align == 0 {
+            None
+        } else {
+            w.scratch(mem_align.max(align as usize))
+        };
+        let window = scratch
+            .as_ref()
+            .map_or(len, |s| s.len() / align as usize * align as usize);
+        let scratch_ptr = scratch.map(|s| s.as_mut_ptr());
+        let mut done = 0usize;
+        while done < len {
+            let n = (len - done).min(window);
+            // SAFETY: `src + done .. + n` is inside the caller's memory.
+            let from = unsafe { src.add(done) };
+            let data = match scratch_ptr {
+                Some(p) => {
+                    // SAFETY: scratch holds `window >= n` bytes; the source is the caller's.
+                    unsafe { std::ptr::copy_nonoverlapping(from, p, n) };
+                    p as *const u8
+                }
+                None => from,
+            };
+            // SAFETY: `data` is valid for `n` bytes (caller's memory or our scratch).
+            match unsafe { sys::pwrite_full(dfd, data, n, off + done as u64) } {
+                Ok(()) => self.inner.pool.count_path(true, n),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    self.inner.direct_refused.store(true, Ordering::Relaxed);
+                    // SAFETY: the rest of the caller's memory.
+                    return unsafe { self.pwrite_buffered(from, off + done as u64, len - done) };
+                }
+                Err(e) => return Err(self.err(Op::Write, off + done as u64, n as u64, e)),
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
