@@ -166,8 +166,8 @@ def config_set(values: Sequence[tuple[str, _Setting]]) -> dict[str, _Setting]:
 def config_settings() -> dict[str, _Setting]:
     """Return every setting by name."""
 
-def config_describe() -> list[tuple[str, str, str, str]]:
-    """Return (name, variable, unit, description) of every setting."""
+def config_describe() -> list[tuple[str, str, str, str, str]]:
+    """Return (name, variable, unit, description, default) of every setting."""
 
 def env_error() -> str | None:
     """Return the error in the FERRIO_* environment found at start-up, or None."""

@@ -37,6 +37,8 @@ class SettingInfo(NamedTuple):
     """Unit or kind of value."""
     doc: str
     """What the setting does."""
+    default: str
+    """The default, in the form the variable takes (``"4 MiB"``, ``"auto"``; empty for none)."""
 
 
 def get(name: str) -> Value:
@@ -53,8 +55,20 @@ def settings() -> dict[str, Value]:
 
 
 def describe() -> list[SettingInfo]:
-    """Return the name, variable, unit and description of every setting."""
+    """Return the name, variable, unit, description and default of every setting."""
     return [SettingInfo(*row) for row in _native.config_describe()]
+
+
+def _settings_help() -> str:
+    """Return the list of settings for this module's docstring, from the native table."""
+    lines = ["", "The settings (name, variable, default: what it does):", ""]
+    for info in describe():
+        default = info.default or "empty"
+        lines.append(f"- ``{info.name}`` (``{info.env}``, default ``{default}``): {info.doc}.")
+    return "\n".join(lines) + "\n"
+
+
+__doc__ = (__doc__ or "") + _settings_help()
 
 
 def environment_error() -> str | None:

@@ -24,6 +24,26 @@ def test_settings_have_the_names_of_their_variables() -> None:
         assert config.get(info.env) == config.get(info.name)
 
 
+def test_defaults_and_docs_come_from_the_native_table() -> None:
+    # A fresh process without FERRIO_* variables runs on the table's defaults: setting every
+    # setting to its described default changes nothing.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FERRIO_")}
+    code = (
+        "import ferrio\n"
+        "c = ferrio.config\n"
+        "before = c.settings()\n"
+        "c.set(**{i.name: i.default for i in c.describe()})\n"
+        "print(c.settings() == before, c.get('direct_write'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["True", "auto"]
+    doc = config.__doc__ or ""
+    for info in config.describe():
+        assert f"``{info.env}``" in doc and info.doc in doc
+
+
 def test_typed_values(restore_settings: None) -> None:
     assert isinstance(config.get("task_size"), int)
     assert isinstance(config.get("direct_overread"), bool)

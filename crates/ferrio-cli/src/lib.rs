@@ -146,20 +146,29 @@ pub(crate) fn out(line: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Settings overrides shared by the commands that do I/O.
+/// Settings overrides shared by the commands that do I/O. Their help takes each setting's
+/// variable and default from `ferrio::config::SETTINGS`, so it cannot restate them wrongly.
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct IoFlags {
-    /// O_DIRECT for reads: off, on or auto [default: FERRIO_DIRECT_READ, else auto]
-    #[arg(long, value_parser = parse_direct)]
+    #[arg(long, value_parser = parse_direct, help = setting_help(
+        "O_DIRECT for reads: off, on or auto",
+        "direct_read",
+    ))]
     direct_read: Option<ferrio::DirectMode>,
-    /// O_DIRECT for writes: off, on or auto [default: FERRIO_DIRECT_WRITE, else off]
-    #[arg(long, value_parser = parse_direct)]
+    #[arg(long, value_parser = parse_direct, help = setting_help(
+        "O_DIRECT for writes: off, on or auto",
+        "direct_write",
+    ))]
     direct_write: Option<ferrio::DirectMode>,
-    /// Bytes per task, e.g. 4MiB [default: FERRIO_TASK_SIZE, else 4MiB]
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size, help = setting_help(
+        "Bytes per task, e.g. 4MiB",
+        "task_size",
+    ))]
     task_size: Option<u64>,
-    /// Worker threads per device pool [default: FERRIO_THREADS_PER_DEVICE, else by device]
-    #[arg(long)]
+    #[arg(long, help = setting_help(
+        "Worker threads per device pool, 0 = by device kind",
+        "threads_per_device",
+    ))]
     threads: Option<usize>,
     /// Print one JSON object instead of human output
     #[arg(long)]
@@ -183,6 +192,15 @@ impl IoFlags {
             s.threads_per_device = v;
         }
         s
+    }
+}
+
+/// Help for a flag that overrides setting `name`: `what`, then the setting's variable and its
+/// default from the settings table.
+fn setting_help(what: &str, name: &str) -> String {
+    match ferrio::config::setting(name) {
+        Some(i) => format!("{what} [default: {}, else {}]", i.env, i.default),
+        None => what.to_string(),
     }
 }
 

@@ -39,6 +39,32 @@ fn help_and_version_succeed() {
 }
 
 #[test]
+fn help_states_the_defaults_of_the_settings_table() {
+    let o = run(&["read", "--help"]);
+    // Undo clap's line wrapping.
+    let help = String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for name in [
+        "direct_read",
+        "direct_write",
+        "task_size",
+        "threads_per_device",
+    ] {
+        let info = ferrio::config::setting(name).expect("a setting of the table");
+        let default = info
+            .default
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let stated = format!("[default: {}, else {default}]", info.env);
+        assert!(help.contains(&stated), "help lacks {stated:?}: {help}");
+    }
+    assert!(help.contains("FERRIO_DIRECT_WRITE, else auto]"), "{help}");
+}
+
+#[test]
 fn bad_usage_exits_2() {
     assert_eq!(run(&["--no-such-flag"]).status.code(), Some(2));
     assert_eq!(run(&["read"]).status.code(), Some(2), "read needs a path");

@@ -1,6 +1,7 @@
 //! `ferrio.config`'s native half: reading and changing the process-wide settings by name.
 //!
-//! Names are the library's ([`ferrio::config::SETTINGS`]): `task_size` or its variable
+//! Names, variables, units, docs and defaults all come from the library's table
+//! ([`ferrio::config::SETTINGS`]); a setting is named `task_size` or by its variable
 //! `FERRIO_TASK_SIZE`. Values are parsed by the library's one parser, so a bad value raises a
 //! `ValueError` that names the setting, the value and every accepted form.
 
@@ -42,17 +43,13 @@ impl<'a, 'py> FromPyObject<'a, 'py> for SettingText {
 
 /// The library's description of a setting given by name or variable.
 fn info(name: &str) -> PyResult<&'static SettingInfo> {
-    let key = name.trim();
-    SETTINGS
-        .iter()
-        .find(|i| i.name.eq_ignore_ascii_case(key) || i.env.eq_ignore_ascii_case(key))
-        .ok_or_else(|| {
-            let names: Vec<&str> = SETTINGS.iter().map(|i| i.name).collect();
-            PyValueError::new_err(format!(
-                "unknown setting {name:?}: expected one of {} (or their FERRIO_* variables)",
-                names.join(", ")
-            ))
-        })
+    ferrio::config::setting(name).ok_or_else(|| {
+        let names: Vec<&str> = SETTINGS.iter().map(|i| i.name).collect();
+        PyValueError::new_err(format!(
+            "unknown setting {name:?}: expected one of {} (or their FERRIO_* variables)",
+            names.join(", ")
+        ))
+    })
 }
 
 /// A setting of `settings` as a Python value: `bool` for on/off settings, `int` for numbers,
@@ -109,12 +106,19 @@ pub(crate) fn config_settings(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(all)
 }
 
-/// `(name, variable, unit, description)` of every setting.
+/// `(name, variable, unit, description, default)` of every setting, straight from the library's
+/// table; the default is text in the form the variable takes.
 #[pyfunction]
-pub(crate) fn config_describe() -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
+pub(crate) fn config_describe() -> Vec<(
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+)> {
     SETTINGS
         .iter()
-        .map(|i| (i.name, i.env, i.unit, i.doc))
+        .map(|i| (i.name, i.env, i.unit, i.doc, i.default))
         .collect()
 }
 

@@ -5,6 +5,10 @@
 //! thread has pushed a scoped override with [`Settings::scope`]. An operation takes a snapshot
 //! of the settings when it is issued, so changing them never affects I/O already under way.
 //!
+//! [`SETTINGS`] is the one table of settings: name, variable, unit, default, doc and parser of
+//! each. Getting, setting, the environment, the defaults, Python's `ferrio.config`, the CLI's
+//! help and the README's settings table (checked by a test) all follow from it.
+//!
 //! Human sizes (`4MiB`, `16M`, `2GiB`) are parsed here and nowhere else ([`parse_size`]).
 
 use std::cell::RefCell;
@@ -59,56 +63,68 @@ impl FromStr for DirectMode {
 
 /// All of ferrio's knobs. Construct with [`Settings::default`], [`Settings::from_env`] or
 /// [`Settings::current`], change fields directly or by name with [`Settings::set`].
+///
+/// Each field's variable, unit, default and parser are in its [`SETTINGS`] entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Settings {
     /// Bytes per task: a request is split into tasks of this size that run in parallel.
-    /// `FERRIO_TASK_SIZE`, default 4 MiB.
     pub task_size: u64,
-    /// Worker threads per device pool; 0 picks by device kind. `FERRIO_THREADS_PER_DEVICE`.
+    /// Worker threads per device pool; 0 picks by device kind.
     pub threads_per_device: usize,
     /// Threads for named pools, overriding `threads_per_device`: `nvme0=16,loop3=2`.
-    /// `FERRIO_DEVICE_THREADS`, default empty.
     pub device_threads: Vec<(String, usize)>,
-    /// Cap on I/O worker threads across all pools. `FERRIO_MAX_THREADS`.
+    /// Cap on I/O worker threads across all pools.
     pub max_threads: usize,
     /// One worker pool per block device (true) or one pool for everything (false).
-    /// `FERRIO_PER_DEVICE_POOLS`, default on.
     pub per_device_pools: bool,
-    /// `O_DIRECT` policy for reads. `FERRIO_DIRECT_READ`.
+    /// `O_DIRECT` policy for reads.
     pub direct_read: DirectMode,
-    /// `O_DIRECT` policy for writes. `FERRIO_DIRECT_WRITE`.
+    /// `O_DIRECT` policy for writes.
     pub direct_write: DirectMode,
     /// Read unaligned heads and tails with `O_DIRECT` too, into aligned scratch memory.
-    /// `FERRIO_DIRECT_OVERREAD`, default off.
     pub direct_overread: bool,
-    /// Bytes per pinned bounce buffer for GPU transfers. `FERRIO_BOUNCE_BUFFER_SIZE`.
+    /// Bytes per pinned bounce buffer for GPU transfers.
     pub bounce_buffer_size: u64,
-    /// Pinned bounce buffers per worker (the ring's depth). `FERRIO_BOUNCE_BUFFERS`.
+    /// Pinned bounce buffers per worker (the ring's depth).
     pub bounce_buffers: usize,
-    /// Cap on pinned host memory held by all bounce rings. `FERRIO_PINNED_LIMIT`.
+    /// Cap on pinned host memory held by all bounce rings.
     pub pinned_limit: u64,
 }
 
 impl Default for Settings {
+    /// The defaults of [`SETTINGS`]: each entry's parser applied to its default text, so the
+    /// table is the one place a default is written.
     fn default() -> Self {
-        Settings {
-            task_size: 4 << 20,
+        // Placeholders only: every field is overwritten from its table entry below.
+        let mut s = Settings {
+            task_size: 0,
             threads_per_device: 0,
             device_threads: Vec::new(),
-            max_threads: 64,
-            per_device_pools: true,
-            direct_read: DirectMode::Auto,
-            direct_write: DirectMode::Auto,
+            max_threads: 0,
+            per_device_pools: false,
+            direct_read: DirectMode::Off,
+            direct_write: DirectMode::Off,
             direct_overread: false,
-            bounce_buffer_size: 4 << 20,
-            bounce_buffers: 2,
-            pinned_limit: 1 << 30,
+            bounce_buffer_size: 0,
+            bounce_buffers: 0,
+            pinned_limit: 0,
+        };
+        for info in SETTINGS {
+            let parsed = (info.set)(&mut s, info.default);
+            // A default the table's own parser refuses is a bug in the table; the
+            // `defaults_come_from_the_table` test catches it.
+            debug_assert!(parsed.is_ok(), "bad default for {}", info.name);
         }
+        s
     }
 }
 
-/// Describes one setting: its name, variable, unit, default and meaning.
+/// One setting: its name, variable, unit, default, meaning, and how to read and parse it.
+///
+/// [`SETTINGS`] holds one per field of [`Settings`]; [`Settings::get`], [`Settings::set`],
+/// [`Settings::from_env`], [`Settings::default`], Python's `ferrio.config`, the CLI's help and
+/// the README test all read this table.
 #[derive(Debug, Clone, Copy)]
 pub struct SettingInfo {
     /// Name used by [`Settings::get`]/[`Settings::set`] and by Python's `ferrio.config`.
@@ -117,77 +133,157 @@ pub struct SettingInfo {
     pub env: &'static str,
     /// Unit or kind of value.
     pub unit: &'static str,
+    /// The default, as text the variable accepts (empty for an empty list).
+    pub default: &'static str,
     /// What it does.
     pub doc: &'static str,
+    /// The value of this setting as text the parser accepts back.
+    get: fn(&Settings) -> String,
+    /// Parses text into this setting, or returns the accepted forms and changes nothing.
+    set: fn(&mut Settings, &str) -> std::result::Result<(), &'static str>,
 }
 
-/// Every setting, in the order the README lists them.
+/// Every setting, in the order the README lists them. Adding a setting is a field of
+/// [`Settings`] and one entry here.
 pub const SETTINGS: &[SettingInfo] = &[
     SettingInfo {
         name: "task_size",
         env: "FERRIO_TASK_SIZE",
         unit: "bytes",
+        default: "4 MiB",
         doc: "a request is split into tasks of this size that run on the pool's threads",
+        get: |s| s.task_size.to_string(),
+        set: |s, v| {
+            s.task_size = size(v, 1, "a size of at least 1 byte")?;
+            Ok(())
+        },
     },
     SettingInfo {
         name: "threads_per_device",
         env: "FERRIO_THREADS_PER_DEVICE",
         unit: "threads (0 = by device kind)",
+        default: "0",
         doc: "worker threads of each device's pool",
+        get: |s| s.threads_per_device.to_string(),
+        set: |s, v| {
+            s.threads_per_device = count(v, 0, COUNT_FORMS)?;
+            Ok(())
+        },
     },
     SettingInfo {
         name: "device_threads",
         env: "FERRIO_DEVICE_THREADS",
         unit: "POOL=N,... (pool keys as `ferrio info` shows them)",
+        default: "",
         doc: "threads for named pools, overriding threads_per_device",
+        get: |s| {
+            let items: Vec<String> = s
+                .device_threads
+                .iter()
+                .map(|(k, n)| format!("{k}={n}"))
+                .collect();
+            items.join(",")
+        },
+        set: |s, v| {
+            s.device_threads = pool_threads(v)?;
+            Ok(())
+        },
     },
     SettingInfo {
         name: "max_threads",
         env: "FERRIO_MAX_THREADS",
         unit: "threads",
+        default: "64",
         doc: "cap on I/O threads across all pools (each pool keeps at least one)",
+        get: |s| s.max_threads.to_string(),
+        set: |s, v| {
+            s.max_threads = count(v, 1, "at least 1 thread")?;
+            Ok(())
+        },
     },
     SettingInfo {
         name: "per_device_pools",
         env: "FERRIO_PER_DEVICE_POOLS",
         unit: "on/off",
+        default: "on",
         doc: "one pool per block device; off = one global pool",
+        get: |s| on_off(s.per_device_pools).to_string(),
+        set: |s, v| {
+            s.per_device_pools = flag(v)?;
+            Ok(())
+        },
     },
     SettingInfo {
         name: "direct_read",
         env: "FERRIO_DIRECT_READ",
         unit: "off/on/auto",
+        default: "auto",
         doc: "O_DIRECT for reads; auto = buffered when resident, direct when cold",
+        get: |s| s.direct_read.to_string(),
+        set: |s, v| {
+            s.direct_read = mode(v)?;
+            Ok(())
+        },
     },
     SettingInfo {
         name: "direct_write",
         env: "FERRIO_DIRECT_WRITE",
         unit: "off/on/auto",
+        default: "auto",
         doc: "O_DIRECT for writes",
+        get: |s| s.direct_write.to_string(),
+        set: |s, v| {
+            s.direct_write = mode(v)?;
+            Ok(())
+        },
     },
     SettingInfo {
         name: "direct_overread",
         env: "FERRIO_DIRECT_OVERREAD",
         unit: "on/off",
+        default: "off",
         doc: "read unaligned heads/tails with O_DIRECT into aligned scratch too",
+        get: |s| on_off(s.direct_overread).to_string(),
+        set: |s, v| {
+            s.direct_overread = flag(v)?;
+            Ok(())
+        },
     },
     SettingInfo {
         name: "bounce_buffer_size",
         env: "FERRIO_BOUNCE_BUFFER_SIZE",
         unit: "bytes",
+        default: "4 MiB",
         doc: "size of each pinned bounce buffer for GPU transfers",
+        get: |s| s.bounce_buffer_size.to_string(),
+        set: |s, v| {
+            s.bounce_buffer_size = size(v, 4096, "at least 4KiB")?;
+            Ok(())
+        },
     },
     SettingInfo {
         name: "bounce_buffers",
         env: "FERRIO_BOUNCE_BUFFERS",
         unit: "buffers per worker",
+        default: "2",
         doc: "depth of each worker's pinned bounce-buffer ring",
+        get: |s| s.bounce_buffers.to_string(),
+        set: |s, v| {
+            s.bounce_buffers = count(v, 1, "at least 1 buffer")?;
+            Ok(())
+        },
     },
     SettingInfo {
         name: "pinned_limit",
         env: "FERRIO_PINNED_LIMIT",
         unit: "bytes",
+        default: "1 GiB",
         doc: "cap on pinned host memory held by all bounce rings",
+        get: |s| s.pinned_limit.to_string(),
+        set: |s, v| {
+            s.pinned_limit = size(v, 0, SIZE_FORMS)?;
+            Ok(())
+        },
     },
 ];
 
@@ -195,6 +291,65 @@ const SIZE_FORMS: &str = "a byte count such as 4194304, 4MiB, 4M, 512KiB, 2GiB o
 const COUNT_FORMS: &str = "a whole number such as 0, 4 or 16";
 const DEVICE_THREADS_FORMS: &str = "comma-separated POOL=N with N >= 1, e.g. nvme0=16,loop3=2";
 const BOOL_FORMS: &str = "on|off (also true/false, 1/0, yes/no)";
+
+/// A human size of at least `min` bytes; `too_small` is the message for a smaller one.
+fn size(v: &str, min: u64, too_small: &'static str) -> std::result::Result<u64, &'static str> {
+    let n = parse_size(v).ok_or(SIZE_FORMS)?;
+    if n < min {
+        return Err(too_small);
+    }
+    Ok(n)
+}
+
+/// A whole number of at least `min`; `too_small` is the message for a smaller one.
+fn count(v: &str, min: usize, too_small: &'static str) -> std::result::Result<usize, &'static str> {
+    let n = v.trim().parse::<usize>().map_err(|_| COUNT_FORMS)?;
+    if n < min {
+        return Err(too_small);
+    }
+    Ok(n)
+}
+
+fn flag(v: &str) -> std::result::Result<bool, &'static str> {
+    parse_bool(v).ok_or(BOOL_FORMS)
+}
+
+fn mode(v: &str) -> std::result::Result<DirectMode, &'static str> {
+    v.parse::<DirectMode>().map_err(|_| DirectMode::FORMS)
+}
+
+/// `nvme0=16, loop3=2` as pool keys and thread counts of at least 1.
+fn pool_threads(v: &str) -> std::result::Result<Vec<(String, usize)>, &'static str> {
+    let mut map = Vec::new();
+    for item in v.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (k, n) = item.split_once('=').ok_or(DEVICE_THREADS_FORMS)?;
+        let n = n.trim().parse::<usize>().ok().filter(|&n| n > 0);
+        map.push((k.trim().to_string(), n.ok_or(DEVICE_THREADS_FORMS)?));
+    }
+    Ok(map)
+}
+
+/// The setting called `name` (`task_size`) or whose variable is `name` (`FERRIO_TASK_SIZE`),
+/// ignoring case.
+pub fn setting(name: &str) -> Option<&'static SettingInfo> {
+    let key = name.trim();
+    SETTINGS
+        .iter()
+        .find(|i| i.name.eq_ignore_ascii_case(key) || i.env.eq_ignore_ascii_case(key))
+}
+
+impl SettingInfo {
+    /// Parses `value` into this setting of `settings`; a bad value is an error naming
+    /// `shown_name` (the variable or name the user gave), the value and the accepted forms, and
+    /// changes nothing.
+    fn apply(&self, settings: &mut Settings, value: &str, shown_name: &str) -> Result<()> {
+        (self.set)(settings, value).map_err(|expected| Error::InvalidSetting {
+            name: shown_name.to_string(),
+            value: value.to_string(),
+            expected: expected.to_string(),
+        })
+    }
+}
 
 impl Settings {
     /// Default settings overridden by every `FERRIO_*` variable that is set.
@@ -205,7 +360,7 @@ impl Settings {
         let mut s = Settings::default();
         for info in SETTINGS {
             if let Ok(value) = std::env::var(info.env) {
-                s.set_as(info, &value, info.env)?;
+                info.apply(&mut s, &value, info.env)?;
             }
         }
         Ok(s)
@@ -249,98 +404,12 @@ impl Settings {
 
     /// The value of a setting by name (`task_size`) or variable (`FERRIO_TASK_SIZE`), as text.
     pub fn get(&self, name: &str) -> Result<String> {
-        let info = find(name)?;
-        Ok(match info.name {
-            "task_size" => self.task_size.to_string(),
-            "threads_per_device" => self.threads_per_device.to_string(),
-            "device_threads" => self
-                .device_threads
-                .iter()
-                .map(|(k, n)| format!("{k}={n}"))
-                .collect::<Vec<_>>()
-                .join(","),
-            "max_threads" => self.max_threads.to_string(),
-            "per_device_pools" => on_off(self.per_device_pools).to_string(),
-            "direct_read" => self.direct_read.to_string(),
-            "direct_write" => self.direct_write.to_string(),
-            "direct_overread" => on_off(self.direct_overread).to_string(),
-            "bounce_buffer_size" => self.bounce_buffer_size.to_string(),
-            "bounce_buffers" => self.bounce_buffers.to_string(),
-            "pinned_limit" => self.pinned_limit.to_string(),
-            _ => unreachable!("every SETTINGS entry is handled"),
-        })
+        Ok((find(name)?.get)(self))
     }
 
     /// Sets a setting by name or variable from text, with the same parser as the environment.
     pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
-        let info = find(name)?;
-        self.set_as(info, value, name)
-    }
-
-    fn set_as(&mut self, info: &SettingInfo, value: &str, shown_name: &str) -> Result<()> {
-        let bad = |expected: &str| Error::InvalidSetting {
-            name: shown_name.to_string(),
-            value: value.to_string(),
-            expected: expected.to_string(),
-        };
-        let size = || parse_size(value).ok_or_else(|| bad(SIZE_FORMS));
-        let count = || value.trim().parse::<usize>().map_err(|_| bad(COUNT_FORMS));
-        let flag = || parse_bool(value).ok_or_else(|| bad(BOOL_FORMS));
-        let mode = || {
-            value
-                .parse::<DirectMode>()
-                .map_err(|_| bad(DirectMode::FORMS))
-        };
-        match info.name {
-            "task_size" => {
-                let v = size()?;
-                if v == 0 {
-                    return Err(bad("a size of at least 1 byte"));
-                }
-                self.task_size = v;
-            }
-            "threads_per_device" => self.threads_per_device = count()?,
-            "device_threads" => {
-                let mut map = Vec::new();
-                for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-                    let (k, n) = item
-                        .split_once('=')
-                        .ok_or_else(|| bad(DEVICE_THREADS_FORMS))?;
-                    let n = n.trim().parse::<usize>().ok().filter(|&n| n > 0);
-                    let n = n.ok_or_else(|| bad(DEVICE_THREADS_FORMS))?;
-                    map.push((k.trim().to_string(), n));
-                }
-                self.device_threads = map;
-            }
-            "max_threads" => {
-                let v = count()?;
-                if v == 0 {
-                    return Err(bad("at least 1 thread"));
-                }
-                self.max_threads = v;
-            }
-            "per_device_pools" => self.per_device_pools = flag()?,
-            "direct_read" => self.direct_read = mode()?,
-            "direct_write" => self.direct_write = mode()?,
-            "direct_overread" => self.direct_overread = flag()?,
-            "bounce_buffer_size" => {
-                let v = size()?;
-                if v < 4096 {
-                    return Err(bad("at least 4KiB"));
-                }
-                self.bounce_buffer_size = v;
-            }
-            "bounce_buffers" => {
-                let v = count()?;
-                if v == 0 {
-                    return Err(bad("at least 1 buffer"));
-                }
-                self.bounce_buffers = v;
-            }
-            "pinned_limit" => self.pinned_limit = size()?,
-            _ => unreachable!("every SETTINGS entry is handled"),
-        }
-        Ok(())
+        find(name)?.apply(self, value, name)
     }
 }
 
@@ -387,22 +456,18 @@ fn global_cell() -> &'static RwLock<Arc<Settings>> {
 }
 
 fn find(name: &str) -> Result<&'static SettingInfo> {
-    let key = name.trim();
-    SETTINGS
-        .iter()
-        .find(|i| i.name.eq_ignore_ascii_case(key) || i.env.eq_ignore_ascii_case(key))
-        .ok_or_else(|| Error::InvalidSetting {
-            name: name.to_string(),
-            value: String::new(),
-            expected: format!(
-                "one of the settings {}",
-                SETTINGS
-                    .iter()
-                    .map(|i| i.name)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        })
+    setting(name).ok_or_else(|| Error::InvalidSetting {
+        name: name.to_string(),
+        value: String::new(),
+        expected: format!(
+            "one of the settings {}",
+            SETTINGS
+                .iter()
+                .map(|i| i.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    })
 }
 
 fn on_off(b: bool) -> &'static str {
@@ -522,6 +587,30 @@ mod tests {
         assert!(s.set("device_threads", "nvme0").is_err());
         assert!(s.set("device_threads", "nvme0=0").is_err());
         assert!(!s.per_device_pools);
+    }
+
+    #[test]
+    fn defaults_come_from_the_table() {
+        let d = Settings::default();
+        for info in SETTINGS {
+            let mut s = d.clone();
+            s.set(info.name, info.default)
+                .unwrap_or_else(|e| panic!("{}'s default does not parse: {e}", info.name));
+            assert_eq!(s, d, "{}", info.name);
+            assert_eq!(info.env, format!("FERRIO_{}", info.name.to_uppercase()));
+        }
+        // The values the rest of the crate was tuned for.
+        assert_eq!(d.task_size, 4 << 20);
+        assert_eq!(d.threads_per_device, 0);
+        assert!(d.device_threads.is_empty());
+        assert_eq!(d.max_threads, 64);
+        assert!(d.per_device_pools);
+        assert_eq!(d.direct_read, DirectMode::Auto);
+        assert_eq!(d.direct_write, DirectMode::Auto);
+        assert!(!d.direct_overread);
+        assert_eq!(d.bounce_buffer_size, 4 << 20);
+        assert_eq!(d.bounce_buffers, 2);
+        assert_eq!(d.pinned_limit, 1 << 30);
     }
 
     #[test]

@@ -5,3 +5,4 @@ mod engine;
 mod errors;
 mod gpu;
 mod pagecache;
+mod readme;
