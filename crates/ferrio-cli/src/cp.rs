@@ -16,8 +16,23 @@ use serde_json::json;
 use crate::progress::Progress;
 use crate::{gibps, interrupted, out, parse_size, Interrupted, IoFlags, UsageError};
 
+/// How `ferrio cp` treats what is already there, shown under `ferrio cp --help`.
+const DESTINATION_RULES: &str = "\
+Destinations, as with GNU cp:
+  - DST an existing directory: each SRC goes inside it; SRC/. copies the contents of SRC into it.
+  - Each file is written to a hidden temporary name next to its destination and renamed into
+    place when complete, so an existing file is never left half-written.
+  - DST a symlink to a file: the copy replaces the link's target and the link stays.
+  - DST a dangling symlink: refused (nothing is created where the link points).
+  - DST a file you may not write: refused (renaming over it would bypass its permissions).
+  - A copy killed with SIGKILL leaves its temporary file (.NAME.ferrio-PID-...); the next copy
+    into that directory removes it once that process is gone.
+
+Exit status: 0 all copied, 2 bad usage or missing source (nothing copied), 1 some file failed
+(one line each on stderr; the others are copied), 130 Ctrl-C (no partial file is left).";
+
 #[derive(clap::Args, Debug)]
-#[command(override_usage = "ferrio cp [OPTIONS] SRC... DST")]
+#[command(override_usage = "ferrio cp [OPTIONS] SRC... DST", after_help = DESTINATION_RULES)]
 pub(crate) struct Args {
     /// Sources, then the destination (which must be a directory when there are several sources)
     #[arg(required = true, num_args = 2.., value_name = "PATH")]
