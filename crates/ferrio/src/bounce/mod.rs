@@ -28,8 +28,10 @@
 //! - `ring.rs`: [`BounceRing`], one ring and its copy loop;
 //! - `thread_rings.rs`: [`RingSet`] and the calling thread's rings behind [`read_to_device`],
 //!   [`write_from_device`] and the other free functions;
+//! - `cuda.rs`: [`CudaEngine`], the engine over the real driver (through [`crate::cuda`]);
 //! - `emulated.rs`: [`emulated::EmulatedDevice`], the engine emulated in host memory.
 
+mod cuda;
 pub mod emulated;
 mod ring;
 mod thread_rings;
@@ -42,7 +44,7 @@ use crate::config::Settings;
 use crate::cuda::DevicePtr;
 use crate::error::Result;
 
-use crate::cuda::CudaEngine;
+pub use self::cuda::CudaEngine;
 pub use ring::{BounceRing, RingStats};
 pub use thread_rings::{
     finish_thread_ring, read_to_device, release_thread_rings, start_read_to_device,
