@@ -142,6 +142,9 @@ struct Hold {
 }
 
 /// The host function of [`hold_stream`]: blocks the stream's progress until the latch opens.
+///
+/// # Safety
+/// `data` must be a `Box<Hold>` turned into a raw pointer, given to this function once.
 unsafe extern "C" fn hold_until_open(data: *mut c_void) {
     // SAFETY: `data` is the `Box<Hold>` leaked by `hold_stream` for this one call; the driver
     // calls a host function exactly once.
