@@ -42,8 +42,8 @@ use crate::error::Result;
 /// Loads and initialises the driver on first call; `Ok` if CUDA can be used in this process.
 ///
 /// Loading means `dlopen("libcuda.so.1")`, looking up the driver functions ferrio needs, and
-/// `cuInit`; it costs from milliseconds to about a second the first time and nothing after. The
-/// outcome is decided once per process.
+/// `cuInit`; the first call is slow (the driver sets up every device) and later ones cost
+/// nothing. The outcome is decided once per process.
 ///
 /// # Errors
 /// [`Error::CudaUnavailable`](crate::Error::CudaUnavailable) saying why: no driver library, a
