@@ -24,8 +24,7 @@ impl DeviceBuffer {
     /// `ordinal`; managed memory (`cuMemAllocManaged`, attached globally) if `managed`.
     ///
     /// # Errors
-    /// [`Error::CudaUnavailable`], [`Error::OutOfMemory`] if the device has no room, or
-    /// [`Error::Cuda`] if the allocation fails otherwise.
+    /// [`Error::CudaUnavailable`], or [`Error::Cuda`] if the allocation fails.
     pub fn new(ordinal: usize, len: usize, managed: bool) -> Result<DeviceBuffer> {
         let context = Context::primary(ordinal)?;
         let bytes = len.max(1);

@@ -8,15 +8,16 @@
 //! [`DeviceBuffer`](super::DeviceBuffer)) and the adapters of the memory pool and the bounce
 //! ring are built on top. This file keeps no state and knows nothing of rings or pools.
 //!
-//! Two rules are decided here once, for every caller:
+//! A failed call is an [`Error::Cuda`] naming it, with the driver's description, with one rule
+//! decided here once, for every caller: **releasing into a shut-down driver succeeds**. A
+//! destroy or free that finds the driver deinitialised (`CUDA_ERROR_DEINITIALIZED`, from the
+//! call or from making the context current before it) counts as success. That happens only
+//! during process teardown, when the driver has already been shut down; the stream, event or
+//! memory went with its context, so there is nothing left to release and nothing the caller
+//! could do about an error.
 //!
-//! - **Out of memory is [`Error::OutOfMemory`]**: an allocation the driver refuses with
-//!   `CUDA_ERROR_OUT_OF_MEMORY` is reported as such (any other failure is [`Error::Cuda`]).
-//! - **Releasing into a shut-down driver succeeds**: a destroy or free that finds the driver
-//!   deinitialised (`CUDA_ERROR_DEINITIALIZED`, from the call or from making the context current
-//!   before it) counts as success. That happens only during process teardown, when the driver
-//!   has already been shut down; the stream, event or memory went with its context, so there is
-//!   nothing left to release and nothing the caller could do about an error.
+//! The memory pool's upstreams report a failed allocation in the pool's terms instead (running
+//! out is [`Error::OutOfMemory`]); they reshape the wrapper's error with [`pool_alloc_error`].
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::NonNull;
@@ -65,16 +66,34 @@ fn non_null(call: &'static str, raw: Handle) -> Result<NonNull<c_void>> {
     })
 }
 
-/// The error of an allocation call: running out of memory is [`Error::OutOfMemory`].
-fn alloc_error(d: &Driver, call: &'static str, bytes: usize, code: driver::CuResult) -> Error {
-    if code == driver::CUDA_ERROR_OUT_OF_MEMORY {
-        Error::OutOfMemory(format!("{call} of {bytes} bytes: {}", d.describe(code)))
-    } else {
+/// An allocation wrapper's error of `bytes` as the memory pool reports it: the driver running
+/// out of memory is [`Error::OutOfMemory`], another refusal an [`Error::Cuda`] that names the
+/// size. Other errors pass unchanged: those of making the context current first, no driver,
+/// and a null pointer returned with success (code 0).
+pub(crate) fn pool_alloc_error(err: Error, bytes: usize) -> Error {
+    const ALLOCATIONS: [&str; 4] = [
+        "cuMemAlloc",
+        "cuMemAllocManaged",
+        "cuMemHostAlloc",
+        "cuMemAllocAsync",
+    ];
+    match err {
         Error::Cuda {
             call,
             code,
-            message: format!("allocating {bytes} bytes: {}", d.describe(code)),
+            message,
+        } if code != driver::CUDA_SUCCESS && ALLOCATIONS.contains(&call) => {
+            if code == driver::CUDA_ERROR_OUT_OF_MEMORY {
+                Error::OutOfMemory(format!("{call} of {bytes} bytes: {message}"))
+            } else {
+                Error::Cuda {
+                    call,
+                    code,
+                    message: format!("allocating {bytes} bytes: {message}"),
+                }
+            }
         }
+        other => other,
     }
 }
 
@@ -333,9 +352,7 @@ pub(crate) fn mem_alloc(ctx: Context, bytes: usize) -> Result<CuDevicePtr> {
     let mut p: CuDevicePtr = 0;
     // SAFETY: out-pointer to a live local; the context is current (the guard).
     let code = unsafe { (d.api.mem_alloc)(&mut p, bytes) };
-    if code != driver::CUDA_SUCCESS {
-        return Err(alloc_error(d, "cuMemAlloc", bytes, code));
-    }
+    d.check("cuMemAlloc", code)?;
     Ok(p)
 }
 
@@ -346,9 +363,7 @@ pub(crate) fn mem_alloc_managed(ctx: Context, bytes: usize) -> Result<CuDevicePt
     let mut p: CuDevicePtr = 0;
     // SAFETY: out-pointer to a live local; the context is current (the guard).
     let code = unsafe { (d.api.mem_alloc_managed)(&mut p, bytes, driver::CU_MEM_ATTACH_GLOBAL) };
-    if code != driver::CUDA_SUCCESS {
-        return Err(alloc_error(d, "cuMemAllocManaged", bytes, code));
-    }
+    d.check("cuMemAllocManaged", code)?;
     Ok(p)
 }
 
@@ -375,9 +390,7 @@ pub(crate) fn mem_host_alloc(ctx: Context, bytes: usize) -> Result<NonNull<c_voi
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: out-pointer to a live local; the context is current (the guard).
     let code = unsafe { (d.api.mem_host_alloc)(&mut p, bytes, driver::CU_MEMHOSTALLOC_PORTABLE) };
-    if code != driver::CUDA_SUCCESS {
-        return Err(alloc_error(d, "cuMemHostAlloc", bytes, code));
-    }
+    d.check("cuMemHostAlloc", code)?;
     non_null("cuMemHostAlloc", p)
 }
 
@@ -455,9 +468,7 @@ pub(crate) unsafe fn mem_alloc_async(
     let mut p: CuDevicePtr = 0;
     // SAFETY: out-pointer to a live local; a live stream (the caller's contract).
     let code = unsafe { (d.api.mem_alloc_async)(&mut p, bytes, stream) };
-    if code != driver::CUDA_SUCCESS {
-        return Err(alloc_error(d, "cuMemAllocAsync", bytes, code));
-    }
+    d.check("cuMemAllocAsync", code)?;
     Ok(p)
 }
 

@@ -12,9 +12,8 @@
 //! The files:
 //!
 //! - `driver.rs`: loading `libcuda`, the table of function pointers, result codes to errors;
-//! - `calls.rs`: one safe, typed wrapper per driver call, and the rules every caller gets
-//!   (out of memory is [`Error::OutOfMemory`](crate::Error::OutOfMemory); a destroy or free
-//!   into a deinitialised driver succeeds);
+//! - `calls.rs`: one safe, typed wrapper per driver call, and the rule every caller gets (a
+//!   destroy or free into a deinitialised driver succeeds);
 //! - `context.rs`: [`Context`] and [`ContextGuard`];
 //! - `pointer.rs`: [`DevicePtr`], [`Memory`], [`classify`] and [`try_classify`];
 //! - `stream.rs`: [`Stream`] and [`Event`], owned handles destroyed on drop;

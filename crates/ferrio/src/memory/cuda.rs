@@ -404,7 +404,9 @@ impl Upstream for DeviceUpstream {
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<usize> {
         self.over.allocate(bytes, align, DEVICE_NATURAL_ALIGN, |n| {
-            calls::mem_alloc(self.context, n).map(|p| p as usize)
+            calls::mem_alloc(self.context, n)
+                .map(|p| p as usize)
+                .map_err(|e| calls::pool_alloc_error(e, n))
         })
     }
 
@@ -446,7 +448,9 @@ impl Upstream for PinnedUpstream {
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<usize> {
         self.over.allocate(bytes, align, PINNED_NATURAL_ALIGN, |n| {
-            calls::mem_host_alloc(self.context, n).map(|p| p.as_ptr() as usize)
+            calls::mem_host_alloc(self.context, n)
+                .map(|p| p.as_ptr() as usize)
+                .map_err(|e| calls::pool_alloc_error(e, n))
         })
     }
 
@@ -489,7 +493,9 @@ impl DriverPool {
     /// [`Error::OutOfMemory`] or [`Error::Cuda`] as the driver reports.
     pub fn allocate(&self, bytes: usize, stream: &StreamHandle) -> Result<usize> {
         // SAFETY: the handle keeps its stream alive (see `CudaStreams::synchronize`).
-        unsafe { calls::mem_alloc_async(self.context, bytes, stream.as_raw()) }.map(|p| p as usize)
+        unsafe { calls::mem_alloc_async(self.context, bytes, stream.as_raw()) }
+            .map(|p| p as usize)
+            .map_err(|e| calls::pool_alloc_error(e, bytes))
     }
 
     /// Returns `addr` to the pool in `stream`'s order.
