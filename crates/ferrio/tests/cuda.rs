@@ -1,7 +1,7 @@
 //! Loading the driver and telling host from device memory.
 
-use ferrio::bounce::CopyEngine;
-use ferrio::cuda::{self, Context, CudaEngine, DeviceBuffer, Memory};
+use ferrio::bounce::{CopyEngine, CudaEngine};
+use ferrio::cuda::{self, Context, DeviceBuffer, Memory};
 use ferrio::Error;
 
 use crate::require_cuda;

@@ -1,29 +1,61 @@
-//! Thin wrappers over the driver calls that the stream-ordered memory pool (`crate::memory`)
-//! and its tests and benchmarks make: streams, events, device and pinned allocations, the
-//! driver's own stream-ordered pool, and a few asynchronous operations to put work on a
-//! stream.
+//! One safe, typed wrapper per CUDA driver call that ferrio makes: the only code outside
+//! `driver.rs` (loading, `cuInit`, error text) that calls through the driver's function table.
 //!
-//! Each wrapper makes its context current for the call (a [`Context::push`], which costs one
-//! thread-local lookup in the driver when the context is current already) and turns the result
-//! code into a [`Result`]. Handles are raw pointers: the typed, owning wrappers live in
-//! `memory/cuda.rs`, which holds no FFI of its own.
+//! Each wrapper that needs a context takes it and makes it current for the call (a
+//! [`Context::push`], which costs one thread-local lookup in the driver when the context is
+//! current already), then turns the result code into a [`Result`]. Handles are raw pointers
+//! here: the owning types ([`Stream`](super::Stream), [`Event`](super::Event),
+//! [`DeviceBuffer`](super::DeviceBuffer)) and the adapters of the memory pool and the bounce
+//! ring are built on top. This file keeps no state and knows nothing of rings or pools.
+//!
+//! A failed call is an [`Error::Cuda`] naming it, with the driver's description, with one rule
+//! decided here once, for every caller: **releasing into a shut-down driver succeeds**. A
+//! destroy or free that finds the driver deinitialised (`CUDA_ERROR_DEINITIALIZED`, from the
+//! call or from making the context current before it) counts as success. That happens only
+//! during process teardown, when the driver has already been shut down; the stream, event or
+//! memory went with its context, so there is nothing left to release and nothing the caller
+//! could do about an error.
+//!
+//! The memory pool's upstreams report a failed allocation in the pool's terms instead (running
+//! out is [`Error::OutOfMemory`]); they reshape the wrapper's error with [`pool_alloc_error`].
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::NonNull;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Duration;
 
-use super::driver::{self, CuDevicePtr, Driver, Handle, HostFn};
-use super::Context;
+use super::driver::{self, CuDevice, CuDevicePtr, Driver, Handle, HostFn};
+use super::{Context, ContextGuard};
 use crate::error::{Error, Result};
 
 /// A raw `CUstream`. Null is the legacy default stream, as in the driver API.
 pub(crate) type RawStream = *mut c_void;
 
-fn bound(ctx: Context) -> Result<(&'static Driver, super::ContextGuard)> {
+/// The driver, with `ctx` current on this thread until the guard is dropped.
+fn bound(ctx: Context) -> Result<(&'static Driver, ContextGuard)> {
     let d = driver::get()?;
     let guard = ctx.push()?;
     Ok((d, guard))
+}
+
+/// As [`bound`] for a destroy or free: `None` when the driver is deinitialised, so the
+/// resource is gone already (see the module docs).
+fn bound_for_release(ctx: Context) -> Result<Option<(&'static Driver, ContextGuard)>> {
+    match bound(ctx) {
+        Ok(bound) => Ok(Some(bound)),
+        Err(Error::Cuda {
+            code: driver::CUDA_ERROR_DEINITIALIZED,
+            ..
+        }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The result of a destroy or free: `CUDA_ERROR_DEINITIALIZED` is success (see the module
+/// docs).
+fn check_release(d: &Driver, call: &'static str, code: driver::CuResult) -> Result<()> {
+    if code == driver::CUDA_ERROR_DEINITIALIZED {
+        return Ok(());
+    }
+    d.check(call, code)
 }
 
 fn non_null(call: &'static str, raw: Handle) -> Result<NonNull<c_void>> {
@@ -34,20 +66,164 @@ fn non_null(call: &'static str, raw: Handle) -> Result<NonNull<c_void>> {
     })
 }
 
-/// The error of an allocation call: running out of memory is [`Error::OutOfMemory`].
-fn alloc_error(d: &Driver, call: &'static str, bytes: usize, code: driver::CuResult) -> Error {
-    if code == driver::CUDA_ERROR_OUT_OF_MEMORY {
-        Error::OutOfMemory(format!("{call} of {bytes} bytes: {}", d.describe(code)))
-    } else {
+/// An allocation wrapper's error of `bytes` as the memory pool reports it: the driver running
+/// out of memory is [`Error::OutOfMemory`], another refusal an [`Error::Cuda`] that names the
+/// size. Other errors pass unchanged: those of making the context current first, no driver,
+/// and a null pointer returned with success (code 0).
+pub(crate) fn pool_alloc_error(err: Error, bytes: usize) -> Error {
+    const ALLOCATIONS: [&str; 4] = [
+        "cuMemAlloc",
+        "cuMemAllocManaged",
+        "cuMemHostAlloc",
+        "cuMemAllocAsync",
+    ];
+    match err {
         Error::Cuda {
             call,
             code,
-            message: format!("allocating {bytes} bytes: {}", d.describe(code)),
+            message,
+        } if code != driver::CUDA_SUCCESS && ALLOCATIONS.contains(&call) => {
+            if code == driver::CUDA_ERROR_OUT_OF_MEMORY {
+                Error::OutOfMemory(format!("{call} of {bytes} bytes: {message}"))
+            } else {
+                Error::Cuda {
+                    call,
+                    code,
+                    message: format!("allocating {bytes} bytes: {message}"),
+                }
+            }
         }
+        other => other,
     }
 }
 
-/// A new non-blocking stream (it never waits for the legacy default stream) in `ctx`.
+/// `cuDeviceGet`: the device of ordinal `ordinal` (which the caller checked against the count).
+pub(crate) fn device_get(ordinal: c_int) -> Result<CuDevice> {
+    let d = driver::get()?;
+    let mut dev: CuDevice = 0;
+    // SAFETY: out-pointer to a live local; the driver checks the ordinal.
+    d.check("cuDeviceGet", unsafe {
+        (d.api.device_get)(&mut dev, ordinal)
+    })?;
+    Ok(dev)
+}
+
+/// `cuDevicePrimaryCtxRetain`: retains the primary context of `dev` (null if the driver returns
+/// none). Nothing here releases it.
+pub(crate) fn primary_ctx_retain(dev: CuDevice) -> Result<Handle> {
+    let d = driver::get()?;
+    let mut raw: Handle = std::ptr::null_mut();
+    // SAFETY: out-pointer to a live local; `dev` came from cuDeviceGet. The retain is never
+    // released: the context must outlive every ring and pointer that refers to it, and
+    // releasing at process exit is what ferrio must not do.
+    d.check("cuDevicePrimaryCtxRetain", unsafe {
+        (d.api.primary_ctx_retain)(&mut raw, dev)
+    })?;
+    Ok(raw)
+}
+
+/// `cuCtxGetCurrent`: the calling thread's current context (null if none).
+pub(crate) fn ctx_get_current() -> Result<Handle> {
+    let d = driver::get()?;
+    let mut current: Handle = std::ptr::null_mut();
+    // SAFETY: out-pointer to a live local.
+    d.check("cuCtxGetCurrent", unsafe {
+        (d.api.ctx_get_current)(&mut current)
+    })?;
+    Ok(current)
+}
+
+/// `cuCtxPushCurrent`: makes `ctx` current on the calling thread, on top of its context stack.
+/// Each successful push must be matched by one [`ctx_pop_current`] on the same thread.
+pub(crate) fn ctx_push_current(ctx: Context) -> Result<()> {
+    let d = driver::get()?;
+    // SAFETY: the handle is a context the driver gave us and that is never destroyed by
+    // ferrio; pushing it only changes this thread's context stack.
+    d.check("cuCtxPushCurrent", unsafe {
+        (d.api.ctx_push_current)(ctx.as_raw())
+    })
+}
+
+/// `cuCtxPopCurrent`: pops the calling thread's current context (the caller pushed it).
+pub(crate) fn ctx_pop_current() -> Result<()> {
+    let d = driver::get()?;
+    let mut popped: Handle = std::ptr::null_mut();
+    // SAFETY: out-pointer to a live local; popping only changes this thread's context stack.
+    d.check("cuCtxPopCurrent", unsafe {
+        (d.api.ctx_pop_current)(&mut popped)
+    })
+}
+
+/// `cuCtxGetDevice`: the device of `ctx`.
+pub(crate) fn ctx_get_device(ctx: Context) -> Result<CuDevice> {
+    let (d, _g) = bound(ctx)?;
+    let mut dev: CuDevice = 0;
+    // SAFETY: out-pointer to a live local; a context is current (the guard).
+    d.check("cuCtxGetDevice", unsafe {
+        (d.api.ctx_get_device)(&mut dev)
+    })?;
+    Ok(dev)
+}
+
+/// What [`pointer_get_attributes`] learns about an address; all zero (and ordinal -1) for an
+/// address CUDA does not know.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PointerAttributes {
+    /// `CU_POINTER_ATTRIBUTE_CONTEXT`: null for memory that names no context.
+    pub(crate) context: Handle,
+    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` (`CU_MEMORYTYPE_*`, 0 if unknown).
+    pub(crate) memory_type: c_uint,
+    /// `CU_POINTER_ATTRIBUTE_IS_MANAGED`.
+    pub(crate) managed: bool,
+    /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`.
+    pub(crate) device_ordinal: c_int,
+}
+
+/// `cuPointerGetAttributes` for the context, memory type, managed flag and device ordinal of
+/// `addr`. Needs no current context, and succeeds for addresses CUDA does not know.
+pub(crate) fn pointer_get_attributes(addr: usize) -> Result<PointerAttributes> {
+    let d = driver::get()?;
+    let mut context: Handle = std::ptr::null_mut();
+    let mut memory_type: c_uint = 0;
+    // IS_MANAGED is documented as a boolean; a zeroed u32 reads right whether the driver writes
+    // one byte or four.
+    let mut managed: c_uint = 0;
+    let mut ordinal: c_int = -1;
+    let mut attributes = [
+        driver::CU_POINTER_ATTRIBUTE_CONTEXT,
+        driver::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        driver::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        driver::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+    ];
+    let mut data: [*mut c_void; 4] = [
+        (&mut context as *mut Handle).cast(),
+        (&mut memory_type as *mut c_uint).cast(),
+        (&mut managed as *mut c_uint).cast(),
+        (&mut ordinal as *mut c_int).cast(),
+    ];
+    // SAFETY: `attributes` and `data` have 4 entries each, and every data pointer points to a
+    // live local of the type the attribute writes (CUcontext, unsigned, bool within a zeroed
+    // unsigned, int). Unlike cuPointerGetAttribute, this call succeeds for addresses CUDA does
+    // not know and leaves the outputs zero; it needs no current context.
+    let code = unsafe {
+        (d.api.pointer_get_attributes)(
+            attributes.len() as c_uint,
+            attributes.as_mut_ptr(),
+            data.as_mut_ptr(),
+            addr as u64,
+        )
+    };
+    d.check("cuPointerGetAttributes", code)?;
+    Ok(PointerAttributes {
+        context,
+        memory_type,
+        managed: managed != 0,
+        device_ordinal: ordinal,
+    })
+}
+
+/// `cuStreamCreate`: a new non-blocking stream (it never waits for the legacy default stream)
+/// in `ctx`.
 pub(crate) fn stream_create(ctx: Context) -> Result<NonNull<c_void>> {
     let (d, _g) = bound(ctx)?;
     let mut s: Handle = std::ptr::null_mut();
@@ -58,77 +234,34 @@ pub(crate) fn stream_create(ctx: Context) -> Result<NonNull<c_void>> {
     non_null("cuStreamCreate", s)
 }
 
-/// Destroys a stream; work already queued on it still completes.
+/// `cuStreamDestroy`: destroys a stream; work already queued on it still completes. A
+/// deinitialised driver counts as success (see the module docs).
 ///
 /// # Safety
 /// `stream` must come from [`stream_create`] in `ctx` and not be used afterwards.
 pub(crate) unsafe fn stream_destroy(ctx: Context, stream: NonNull<c_void>) -> Result<()> {
-    let (d, _g) = bound(ctx)?;
+    let Some((d, _g)) = bound_for_release(ctx)? else {
+        return Ok(());
+    };
     // SAFETY: the caller passes a live stream of this context and gives it up.
     let code = unsafe { (d.api.stream_destroy)(stream.as_ptr()) };
-    if code == driver::CUDA_ERROR_DEINITIALIZED {
-        return Ok(());
-    }
-    d.check("cuStreamDestroy", code)
+    check_release(d, "cuStreamDestroy", code)
 }
 
-/// A new event used only for ordering (`CU_EVENT_DISABLE_TIMING`: cheaper to record and query).
-pub(crate) fn event_create(ctx: Context) -> Result<NonNull<c_void>> {
-    let (d, _g) = bound(ctx)?;
-    let mut e: Handle = std::ptr::null_mut();
-    // SAFETY: out-pointer to a live local; the context is current (the guard).
-    d.check("cuEventCreate", unsafe {
-        (d.api.event_create)(&mut e, driver::CU_EVENT_DISABLE_TIMING)
-    })?;
-    non_null("cuEventCreate", e)
-}
-
-/// Destroys an event. A driver that is shutting down (`CUDA_ERROR_DEINITIALIZED`) counts as
-/// success: the event goes with it.
+/// `cuStreamSynchronize`: blocks until every operation queued on `stream` has completed.
 ///
 /// # Safety
-/// `event` must come from [`event_create`] in `ctx` and not be used afterwards.
-pub(crate) unsafe fn event_destroy(ctx: Context, event: NonNull<c_void>) -> Result<()> {
+/// `stream` must be a live stream of `ctx` (or null).
+pub(crate) unsafe fn stream_synchronize(ctx: Context, stream: RawStream) -> Result<()> {
     let (d, _g) = bound(ctx)?;
-    // SAFETY: the caller passes a live event of this context and gives it up.
-    let code = unsafe { (d.api.event_destroy)(event.as_ptr()) };
-    if code == driver::CUDA_ERROR_DEINITIALIZED {
-        return Ok(());
-    }
-    d.check("cuEventDestroy", code)
-}
-
-/// Records `event` on `stream`.
-///
-/// # Safety
-/// `event` must be a live event of `ctx`, and `stream` a live stream of `ctx` (or null).
-pub(crate) unsafe fn event_record(
-    ctx: Context,
-    event: NonNull<c_void>,
-    stream: RawStream,
-) -> Result<()> {
-    let (d, _g) = bound(ctx)?;
-    // SAFETY: live handles of the current context (the caller's contract).
-    d.check("cuEventRecord", unsafe {
-        (d.api.event_record)(event.as_ptr(), stream)
+    // SAFETY: a live stream (the caller's contract).
+    d.check("cuStreamSynchronize", unsafe {
+        (d.api.stream_synchronize)(stream)
     })
 }
 
-/// Whether the event's latest record has completed (true if it was never recorded).
-///
-/// # Safety
-/// `event` must be a live event of `ctx`.
-pub(crate) unsafe fn event_query(ctx: Context, event: NonNull<c_void>) -> Result<bool> {
-    let (d, _g) = bound(ctx)?;
-    // SAFETY: a live event (the caller's contract); the query never blocks.
-    let code = unsafe { (d.api.event_query)(event.as_ptr()) };
-    if code == driver::CUDA_ERROR_NOT_READY {
-        return Ok(false);
-    }
-    d.check("cuEventQuery", code).map(|()| true)
-}
-
-/// Makes later work on `stream` wait, on the device, for the event's latest record.
+/// `cuStreamWaitEvent`: makes later work on `stream` wait, on the device, for the event's
+/// latest record.
 ///
 /// # Safety
 /// As for [`event_record`].
@@ -144,81 +277,163 @@ pub(crate) unsafe fn stream_wait_event(
     })
 }
 
-/// Blocks until every operation queued on `stream` has completed.
+/// `cuEventCreate`: a new event used only for ordering (`CU_EVENT_DISABLE_TIMING`: cheaper to
+/// record and query).
+pub(crate) fn event_create(ctx: Context) -> Result<NonNull<c_void>> {
+    let (d, _g) = bound(ctx)?;
+    let mut e: Handle = std::ptr::null_mut();
+    // SAFETY: out-pointer to a live local; the context is current (the guard).
+    d.check("cuEventCreate", unsafe {
+        (d.api.event_create)(&mut e, driver::CU_EVENT_DISABLE_TIMING)
+    })?;
+    non_null("cuEventCreate", e)
+}
+
+/// `cuEventDestroy`: destroys an event. A deinitialised driver counts as success (see the
+/// module docs).
 ///
 /// # Safety
-/// `stream` must be a live stream of `ctx` (or null).
-pub(crate) unsafe fn stream_synchronize(ctx: Context, stream: RawStream) -> Result<()> {
+/// `event` must come from [`event_create`] in `ctx` and not be used afterwards.
+pub(crate) unsafe fn event_destroy(ctx: Context, event: NonNull<c_void>) -> Result<()> {
+    let Some((d, _g)) = bound_for_release(ctx)? else {
+        return Ok(());
+    };
+    // SAFETY: the caller passes a live event of this context and gives it up.
+    let code = unsafe { (d.api.event_destroy)(event.as_ptr()) };
+    check_release(d, "cuEventDestroy", code)
+}
+
+/// `cuEventRecord`: records `event` on `stream`.
+///
+/// # Safety
+/// `event` must be a live event of `ctx`, and `stream` a live stream of `ctx` (or null).
+pub(crate) unsafe fn event_record(
+    ctx: Context,
+    event: NonNull<c_void>,
+    stream: RawStream,
+) -> Result<()> {
     let (d, _g) = bound(ctx)?;
-    // SAFETY: a live stream (the caller's contract).
-    d.check("cuStreamSynchronize", unsafe {
-        (d.api.stream_synchronize)(stream)
+    // SAFETY: live handles of the current context (the caller's contract).
+    d.check("cuEventRecord", unsafe {
+        (d.api.event_record)(event.as_ptr(), stream)
     })
 }
 
-/// `bytes` of device memory in `ctx` (`cuMemAlloc`, aligned to at least 256 bytes).
+/// `cuEventQuery`: whether the event's latest record has completed (true if it was never
+/// recorded). Never blocks.
+///
+/// # Safety
+/// `event` must be a live event of `ctx`.
+pub(crate) unsafe fn event_query(ctx: Context, event: NonNull<c_void>) -> Result<bool> {
+    let (d, _g) = bound(ctx)?;
+    // SAFETY: a live event (the caller's contract); the query never blocks.
+    let code = unsafe { (d.api.event_query)(event.as_ptr()) };
+    if code == driver::CUDA_ERROR_NOT_READY {
+        return Ok(false);
+    }
+    d.check("cuEventQuery", code).map(|()| true)
+}
+
+/// `cuEventSynchronize`: blocks until the event's latest record has completed.
+///
+/// # Safety
+/// `event` must be a live event of `ctx`.
+pub(crate) unsafe fn event_synchronize(ctx: Context, event: NonNull<c_void>) -> Result<()> {
+    let (d, _g) = bound(ctx)?;
+    // SAFETY: a live event (the caller's contract).
+    d.check("cuEventSynchronize", unsafe {
+        (d.api.event_synchronize)(event.as_ptr())
+    })
+}
+
+/// `cuMemAlloc`: `bytes` of device memory in `ctx` (aligned to at least 256 bytes).
 pub(crate) fn mem_alloc(ctx: Context, bytes: usize) -> Result<CuDevicePtr> {
     let (d, _g) = bound(ctx)?;
     let mut p: CuDevicePtr = 0;
     // SAFETY: out-pointer to a live local; the context is current (the guard).
     let code = unsafe { (d.api.mem_alloc)(&mut p, bytes) };
-    if code != driver::CUDA_SUCCESS {
-        return Err(alloc_error(d, "cuMemAlloc", bytes, code));
-    }
+    d.check("cuMemAlloc", code)?;
     Ok(p)
 }
 
-/// Frees device memory; `cuMemFree` waits for work still using it.
-///
-/// # Safety
-/// `ptr` must come from [`mem_alloc`] in `ctx` and not be freed before or used afterwards.
-pub(crate) unsafe fn mem_free(ctx: Context, ptr: CuDevicePtr) -> Result<()> {
+/// `cuMemAllocManaged`: `bytes` of managed (unified) memory in `ctx`, attached globally
+/// (`CU_MEM_ATTACH_GLOBAL`: any stream of any device may use it).
+pub(crate) fn mem_alloc_managed(ctx: Context, bytes: usize) -> Result<CuDevicePtr> {
     let (d, _g) = bound(ctx)?;
-    // SAFETY: the caller's contract.
-    d.check("cuMemFree", unsafe { (d.api.mem_free)(ptr) })
+    let mut p: CuDevicePtr = 0;
+    // SAFETY: out-pointer to a live local; the context is current (the guard).
+    let code = unsafe { (d.api.mem_alloc_managed)(&mut p, bytes, driver::CU_MEM_ATTACH_GLOBAL) };
+    d.check("cuMemAllocManaged", code)?;
+    Ok(p)
 }
 
-/// `bytes` of page-locked host memory, pinned for every context (`CU_MEMHOSTALLOC_PORTABLE`).
+/// `cuMemFree`: frees device memory; it waits for work still using it. A deinitialised driver
+/// counts as success (see the module docs).
+///
+/// # Safety
+/// `ptr` must come from [`mem_alloc`] or [`mem_alloc_managed`] in `ctx` and not be freed before
+/// or used afterwards.
+pub(crate) unsafe fn mem_free(ctx: Context, ptr: CuDevicePtr) -> Result<()> {
+    let Some((d, _g)) = bound_for_release(ctx)? else {
+        return Ok(());
+    };
+    // SAFETY: the caller's contract.
+    let code = unsafe { (d.api.mem_free)(ptr) };
+    check_release(d, "cuMemFree", code)
+}
+
+/// `cuMemHostAlloc`: `bytes` of page-locked host memory, pinned for every context
+/// (`CU_MEMHOSTALLOC_PORTABLE`, so a buffer is never silently treated as pageable by another
+/// context).
 pub(crate) fn mem_host_alloc(ctx: Context, bytes: usize) -> Result<NonNull<c_void>> {
     let (d, _g) = bound(ctx)?;
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: out-pointer to a live local; the context is current (the guard).
     let code = unsafe { (d.api.mem_host_alloc)(&mut p, bytes, driver::CU_MEMHOSTALLOC_PORTABLE) };
-    if code != driver::CUDA_SUCCESS {
-        return Err(alloc_error(d, "cuMemHostAlloc", bytes, code));
-    }
+    d.check("cuMemHostAlloc", code)?;
     non_null("cuMemHostAlloc", p)
 }
 
-/// Frees pinned host memory.
+/// `cuMemFreeHost`: frees pinned host memory. A deinitialised driver counts as success (see
+/// the module docs).
 ///
 /// # Safety
-/// `ptr` must come from [`mem_host_alloc`] and not be freed before or used afterwards.
+/// `ptr` must come from [`mem_host_alloc`] and not be freed before or used afterwards (no copy
+/// may still use it).
 pub(crate) unsafe fn mem_free_host(ctx: Context, ptr: NonNull<c_void>) -> Result<()> {
-    let (d, _g) = bound(ctx)?;
+    let Some((d, _g)) = bound_for_release(ctx)? else {
+        return Ok(());
+    };
     // SAFETY: the caller's contract.
-    d.check("cuMemFreeHost", unsafe {
-        (d.api.mem_free_host)(ptr.as_ptr())
-    })
+    let code = unsafe { (d.api.mem_free_host)(ptr.as_ptr()) };
+    check_release(d, "cuMemFreeHost", code)
 }
 
-/// Makes the default memory pool of `ctx`'s device keep what is freed into it across
-/// synchronizations (release threshold = no limit), as RMM's `cuda_async_memory_resource`
-/// does; otherwise every synchronization returns the pool's memory to the device.
-pub(crate) fn keep_default_mem_pool(ctx: Context) -> Result<()> {
+/// `cuDeviceGetDefaultMemPool`: the default memory pool of device `dev` (of `ctx`).
+pub(crate) fn device_get_default_mem_pool(ctx: Context, dev: CuDevice) -> Result<Handle> {
     let (d, _g) = bound(ctx)?;
-    let mut dev: driver::CuDevice = 0;
-    // SAFETY: out-pointer to a live local; the context is current (the guard).
-    d.check("cuCtxGetDevice", unsafe {
-        (d.api.ctx_get_device)(&mut dev)
-    })?;
     let mut pool: Handle = std::ptr::null_mut();
     // SAFETY: out-pointer to a live local; `dev` came from the driver.
     d.check("cuDeviceGetDefaultMemPool", unsafe {
         (d.api.device_get_default_mem_pool)(&mut pool, dev)
     })?;
-    let mut threshold: u64 = u64::MAX;
-    // SAFETY: the release threshold attribute takes a pointer to a cuuint64_t, here a live local.
+    Ok(pool)
+}
+
+/// `cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)`: the bytes `pool` keeps across
+/// synchronizations before it trims.
+///
+/// # Safety
+/// `pool` must be a memory pool from the driver (a device's default pool).
+pub(crate) unsafe fn mem_pool_set_release_threshold(
+    ctx: Context,
+    pool: Handle,
+    bytes: u64,
+) -> Result<()> {
+    let (d, _g) = bound(ctx)?;
+    let mut threshold: u64 = bytes;
+    // SAFETY: a pool from the driver (the caller's contract); the release threshold attribute
+    // takes a pointer to a cuuint64_t, here a live local.
     d.check("cuMemPoolSetAttribute", unsafe {
         (d.api.mem_pool_set_attribute)(
             pool,
@@ -228,7 +443,19 @@ pub(crate) fn keep_default_mem_pool(ctx: Context) -> Result<()> {
     })
 }
 
-/// `bytes` from the driver's stream-ordered pool, usable on `stream` (`cuMemAllocAsync`).
+/// Makes the default memory pool of `ctx`'s device keep what is freed into it across
+/// synchronizations (release threshold = no limit), as RMM's `cuda_async_memory_resource`
+/// does; otherwise every synchronization returns the pool's memory to the device.
+pub(crate) fn keep_default_mem_pool(ctx: Context) -> Result<()> {
+    // One push for the three calls (each wrapper's own push is then a no-op).
+    let (_d, _g) = bound(ctx)?;
+    let dev = ctx_get_device(ctx)?;
+    let pool = device_get_default_mem_pool(ctx, dev)?;
+    // SAFETY: `pool` came from cuDeviceGetDefaultMemPool just above.
+    unsafe { mem_pool_set_release_threshold(ctx, pool, u64::MAX) }
+}
+
+/// `cuMemAllocAsync`: `bytes` from the driver's stream-ordered pool, usable on `stream`.
 ///
 /// # Safety
 /// `stream` must be a live stream of `ctx` (or null).
@@ -241,13 +468,12 @@ pub(crate) unsafe fn mem_alloc_async(
     let mut p: CuDevicePtr = 0;
     // SAFETY: out-pointer to a live local; a live stream (the caller's contract).
     let code = unsafe { (d.api.mem_alloc_async)(&mut p, bytes, stream) };
-    if code != driver::CUDA_SUCCESS {
-        return Err(alloc_error(d, "cuMemAllocAsync", bytes, code));
-    }
+    d.check("cuMemAllocAsync", code)?;
     Ok(p)
 }
 
-/// Returns memory to the driver's stream-ordered pool in `stream`'s order (`cuMemFreeAsync`).
+/// `cuMemFreeAsync`: returns memory to the driver's stream-ordered pool in `stream`'s order. A
+/// deinitialised driver counts as success (see the module docs).
 ///
 /// # Safety
 /// `ptr` must come from [`mem_alloc_async`] and not be freed before; every use of it must be
@@ -257,14 +483,16 @@ pub(crate) unsafe fn mem_free_async(
     ptr: CuDevicePtr,
     stream: RawStream,
 ) -> Result<()> {
-    let (d, _g) = bound(ctx)?;
+    let Some((d, _g)) = bound_for_release(ctx)? else {
+        return Ok(());
+    };
     // SAFETY: the caller's contract.
-    d.check("cuMemFreeAsync", unsafe {
-        (d.api.mem_free_async)(ptr, stream)
-    })
+    let code = unsafe { (d.api.mem_free_async)(ptr, stream) };
+    check_release(d, "cuMemFreeAsync", code)
 }
 
-/// Enqueues, on `stream`, a fill of `words` 32-bit words at `dst` with `value`.
+/// `cuMemsetD32Async`: enqueues, on `stream`, a fill of `words` 32-bit words at `dst` with
+/// `value`.
 ///
 /// # Safety
 /// `dst..dst + 4 * words` must be device memory (or pinned host memory mapped for the device)
@@ -283,7 +511,66 @@ pub(crate) unsafe fn memset_d32_async(
     })
 }
 
-/// Enqueues, on `stream`, a copy of `len` bytes from device address `src` to `dst`.
+/// `cuMemcpyHtoD`: copies `len` bytes from host memory at `src` to device address `dst`, and
+/// returns when the copy is done (it runs on the legacy default stream).
+///
+/// # Safety
+/// `src..src + len` must be live host memory and `dst..dst + len` live device memory of `ctx`.
+pub(crate) unsafe fn memcpy_htod(
+    ctx: Context,
+    dst: CuDevicePtr,
+    src: *const c_void,
+    len: usize,
+) -> Result<()> {
+    let (d, _g) = bound(ctx)?;
+    // SAFETY: the caller's contract; the call returns when the copy is done.
+    d.check("cuMemcpyHtoD", unsafe {
+        (d.api.memcpy_htod)(dst, src, len)
+    })
+}
+
+/// `cuMemcpyDtoH`: copies `len` bytes from device address `src` to host memory at `dst`, and
+/// returns when the copy is done (it runs on the legacy default stream).
+///
+/// # Safety
+/// `dst..dst + len` must be live host memory nothing else uses meanwhile, and `src..src + len`
+/// live device memory of `ctx`.
+pub(crate) unsafe fn memcpy_dtoh(
+    ctx: Context,
+    dst: *mut c_void,
+    src: CuDevicePtr,
+    len: usize,
+) -> Result<()> {
+    let (d, _g) = bound(ctx)?;
+    // SAFETY: the caller's contract; the call returns when the copy is done.
+    d.check("cuMemcpyDtoH", unsafe {
+        (d.api.memcpy_dtoh)(dst, src, len)
+    })
+}
+
+/// `cuMemcpyHtoDAsync`: enqueues, on `stream`, a copy of `len` bytes from host memory at `src`
+/// to device address `dst`.
+///
+/// # Safety
+/// `src..src + len` must be host memory (pinned, for the copy to be asynchronous) that nothing
+/// writes or frees until the copy has run; `dst..dst + len` device memory reachable from `ctx`
+/// that stays allocated until then; `stream` a live stream of `ctx` (or null).
+pub(crate) unsafe fn memcpy_htod_async(
+    ctx: Context,
+    dst: CuDevicePtr,
+    src: *const c_void,
+    len: usize,
+    stream: RawStream,
+) -> Result<()> {
+    let (d, _g) = bound(ctx)?;
+    // SAFETY: the caller's contract.
+    d.check("cuMemcpyHtoDAsync", unsafe {
+        (d.api.memcpy_htod_async)(dst, src, len, stream)
+    })
+}
+
+/// `cuMemcpyDtoHAsync`: enqueues, on `stream`, a copy of `len` bytes from device address `src`
+/// to `dst`.
 ///
 /// # Safety
 /// `dst..dst + len` must be host memory (pinned, for the copy to be asynchronous) that nothing
@@ -303,8 +590,9 @@ pub(crate) unsafe fn memcpy_dtoh_async(
     })
 }
 
-/// Enqueues `f(data)` on `stream`: the driver calls it from one of its threads once the work
-/// before it has completed, and holds later work on the stream until it returns.
+/// `cuLaunchHostFunc`: enqueues `f(data)` on `stream`: the driver calls it from one of its
+/// threads once the work before it has completed, and holds later work on the stream until it
+/// returns.
 ///
 /// # Safety
 /// `f` must be safe to call once with `data` from another thread, must not call the CUDA API,
@@ -320,66 +608,4 @@ pub(crate) unsafe fn launch_host_func(
     d.check("cuLaunchHostFunc", unsafe {
         (d.api.launch_host_func)(stream, f, data)
     })
-}
-
-/// A latch that streams can be held on until it opens (see [`hold_stream`]).
-#[derive(Debug, Default)]
-pub(crate) struct Latch {
-    open: Mutex<bool>,
-    opened: Condvar,
-}
-
-impl Latch {
-    /// Opens the latch, releasing every stream held on it.
-    pub(crate) fn open(&self) {
-        *self.open.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.opened.notify_all();
-    }
-
-    /// Waits until the latch opens or `limit` has passed.
-    fn wait(&self, limit: Duration) {
-        let guard = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = self
-            .opened
-            .wait_timeout_while(guard, limit, |open| !*open)
-            .unwrap_or_else(PoisonError::into_inner);
-    }
-}
-
-/// What the host function of [`hold_stream`] receives.
-struct Hold {
-    latch: Arc<Latch>,
-    limit: Duration,
-}
-
-/// The host function of [`hold_stream`]: blocks the stream's progress until the latch opens.
-unsafe extern "C" fn hold_until_open(data: *mut c_void) {
-    // SAFETY: `data` is the `Box<Hold>` leaked by `hold_stream` for this one call; the driver
-    // calls a host function exactly once.
-    let hold = unsafe { Box::from_raw(data.cast::<Hold>()) };
-    hold.latch.wait(hold.limit);
-}
-
-/// Enqueues on `stream` a host function that holds every later operation of the stream until
-/// `latch` opens (or `limit` passes, so a forgotten latch cannot hang the process).
-///
-/// # Safety
-/// `stream` must be a live stream of `ctx` (or null).
-pub(crate) unsafe fn hold_stream(
-    ctx: Context,
-    stream: RawStream,
-    latch: Arc<Latch>,
-    limit: Duration,
-) -> Result<()> {
-    let data = Box::into_raw(Box::new(Hold { latch, limit }));
-    let hold: HostFn = hold_until_open;
-    // SAFETY: `hold_until_open` takes back the box exactly once, calls no CUDA function and
-    // returns within `limit`; the stream is live (the caller's contract).
-    let launched = unsafe { launch_host_func(ctx, stream, hold, data.cast()) };
-    if launched.is_err() {
-        // SAFETY: the launch failed, so the driver will never call the function: the box is
-        // still ours, and freed once, here.
-        drop(unsafe { Box::from_raw(data) });
-    }
-    launched
 }

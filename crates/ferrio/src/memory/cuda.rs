@@ -3,9 +3,9 @@
 //! (`cuMemHostAlloc`), plus [`DriverPool`], the driver's own stream-ordered pool
 //! (`cuMemAllocAsync`), which the benchmarks compare against.
 //!
-//! Each type here is a thin, owning adapter over `crate::cuda::calls`, which makes the driver
-//! calls; this file has no FFI of its own. Every call makes the pool's context current on the
-//! calling thread for its duration.
+//! Each type here is a thin adapter over [`crate::cuda`]: its driver wrappers (`cuda::calls`)
+//! and its owned [`Stream`] and [`Event`]; this file has no FFI of its own. Every call makes
+//! the pool's context current on the calling thread for its duration.
 //!
 //! # Streams are named by a unique id, not by their handle
 //!
@@ -29,7 +29,8 @@
 //! leaked on purpose and the driver reclaims them with the process), and no handle belongs in
 //! a `thread_local!`. The pool itself keeps only weak references in its per-thread caches, so
 //! a thread that exits releases nothing of the driver's. A `CUDA_ERROR_DEINITIALIZED` while
-//! destroying a stream or event counts as success.
+//! destroying a stream or event, or freeing memory, counts as success (the rule is
+//! `crate::cuda`'s, for every caller).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -40,8 +41,8 @@ use std::time::Duration;
 
 use super::order::{StreamId, StreamOrder};
 use super::upstream::{MemoryKind, Upstream};
-use crate::cuda::calls::{self, Latch, RawStream};
-use crate::cuda::Context;
+use crate::cuda::calls::{self, RawStream};
+use crate::cuda::{self, Context, Event, Latch, Stream};
 use crate::error::{Error, Result};
 
 /// How long a [`StreamGate`] holds its stream at most, so that a test that forgets to open
@@ -58,8 +59,9 @@ pub struct CudaStreams {
 struct StreamInner {
     id: StreamId,
     raw: RawStream,
-    /// Created here (destroyed with the last handle) or registered (the owner destroys it).
-    owned: Option<NonNull<c_void>>,
+    /// Created here (destroyed when the last handle drops this, the only owner; queued work
+    /// still completes) or registered (`None`: the owner destroys it).
+    owned: Option<Stream>,
     context: Context,
 }
 
@@ -68,17 +70,6 @@ struct StreamInner {
 unsafe impl Send for StreamInner {}
 // SAFETY: as above.
 unsafe impl Sync for StreamInner {}
-
-impl Drop for StreamInner {
-    fn drop(&mut self) {
-        if let Some(stream) = self.owned {
-            // SAFETY: the stream was created by `create_stream` in this context, and this is
-            // the last handle of it: nothing can use it afterwards. An error cannot be
-            // reported from drop; queued work still completes.
-            let _ = unsafe { calls::stream_destroy(self.context, stream) };
-        }
-    }
-}
 
 /// A CUDA stream as the pool knows it: the handle and its process-unique [`StreamId`].
 /// Cloning is cheap and shares the stream.
@@ -118,29 +109,15 @@ impl fmt::Debug for StreamHandle {
 }
 
 /// An event of [`CudaStreams`], created with timing disabled; destroyed on drop.
-pub struct OrderEvent {
-    raw: NonNull<c_void>,
-    context: Context,
-}
-
-// SAFETY: a CUevent is an opaque driver handle that the driver accepts from any thread; the
-// pool serializes records of one event under its list's lock.
-unsafe impl Send for OrderEvent {}
-// SAFETY: as above; `OrderEvent` has no interior state of its own.
-unsafe impl Sync for OrderEvent {}
+///
+/// The pool drops events only with a free list (pool drop or a drained detached stream), never
+/// from a thread-local or static destructor. It serializes records of one event under its
+/// list's lock.
+pub struct OrderEvent(Event);
 
 impl fmt::Debug for OrderEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("OrderEvent").field(&self.raw).finish()
-    }
-}
-
-impl Drop for OrderEvent {
-    fn drop(&mut self) {
-        // SAFETY: the event came from `event_create` in this context and is dropped once. The
-        // pool drops events only with a free list (pool drop or a drained detached stream),
-        // never from a thread-local or static destructor.
-        let _ = unsafe { calls::event_destroy(self.context, self.raw) };
+        f.debug_tuple("OrderEvent").field(&self.0.as_raw()).finish()
     }
 }
 
@@ -169,7 +146,7 @@ impl CudaStreams {
     /// # Errors
     /// [`Error::CudaUnavailable`] without a driver.
     pub fn new(context: Context) -> Result<CudaStreams> {
-        crate::cuda::available()?;
+        cuda::available()?;
         Ok(CudaStreams { context })
     }
 
@@ -192,11 +169,11 @@ impl CudaStreams {
     /// # Errors
     /// [`Error::Cuda`] if the driver refuses.
     pub fn create_stream(&self) -> Result<StreamHandle> {
-        let raw = calls::stream_create(self.context)?;
+        let stream = Stream::new(self.context)?;
         Ok(StreamHandle(Arc::new(StreamInner {
             id: StreamId::unique(),
-            raw: raw.as_ptr(),
-            owned: Some(raw),
+            raw: stream.as_raw(),
+            owned: Some(stream),
             context: self.context,
         })))
     }
@@ -238,7 +215,7 @@ impl CudaStreams {
         let latch = Arc::new(Latch::default());
         // SAFETY: the handle keeps its stream alive (see `synchronize`).
         unsafe {
-            calls::hold_stream(
+            cuda::hold_stream(
                 stream.context(),
                 stream.as_raw(),
                 Arc::clone(&latch),
@@ -322,25 +299,22 @@ impl StreamOrder for CudaStreams {
     }
 
     fn create_event(&self) -> Result<OrderEvent> {
-        Ok(OrderEvent {
-            raw: calls::event_create(self.context)?,
-            context: self.context,
-        })
+        Event::new(self.context).map(OrderEvent)
     }
 
     fn record(&self, event: &OrderEvent, stream: &StreamHandle) -> Result<()> {
         // SAFETY: the event is alive (owned by `event`), the stream too (see `synchronize`).
-        unsafe { calls::event_record(event.context, event.raw, stream.as_raw()) }
+        unsafe { calls::event_record(event.0.context(), event.0.as_raw(), stream.as_raw()) }
     }
 
     fn is_complete(&self, event: &OrderEvent) -> Result<bool> {
         // SAFETY: the event is alive (owned by `event`).
-        unsafe { calls::event_query(event.context, event.raw) }
+        unsafe { calls::event_query(event.0.context(), event.0.as_raw()) }
     }
 
     fn wait(&self, stream: &StreamHandle, event: &OrderEvent) -> Result<()> {
         // SAFETY: the event is alive (owned by `event`), the stream too (see `synchronize`).
-        unsafe { calls::stream_wait_event(stream.context(), stream.as_raw(), event.raw) }
+        unsafe { calls::stream_wait_event(stream.context(), stream.as_raw(), event.0.as_raw()) }
     }
 }
 
@@ -405,7 +379,7 @@ impl DeviceUpstream {
     /// # Errors
     /// [`Error::CudaUnavailable`] without a driver.
     pub fn new(context: Context) -> Result<DeviceUpstream> {
-        crate::cuda::available()?;
+        cuda::available()?;
         Ok(DeviceUpstream {
             context,
             over: Overallocated::default(),
@@ -430,7 +404,9 @@ impl Upstream for DeviceUpstream {
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<usize> {
         self.over.allocate(bytes, align, DEVICE_NATURAL_ALIGN, |n| {
-            calls::mem_alloc(self.context, n).map(|p| p as usize)
+            calls::mem_alloc(self.context, n)
+                .map(|p| p as usize)
+                .map_err(|e| calls::pool_alloc_error(e, n))
         })
     }
 
@@ -457,7 +433,7 @@ impl PinnedUpstream {
     /// # Errors
     /// [`Error::CudaUnavailable`] without a driver.
     pub fn new(context: Context) -> Result<PinnedUpstream> {
-        crate::cuda::available()?;
+        cuda::available()?;
         Ok(PinnedUpstream {
             context,
             over: Overallocated::default(),
@@ -472,7 +448,9 @@ impl Upstream for PinnedUpstream {
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<usize> {
         self.over.allocate(bytes, align, PINNED_NATURAL_ALIGN, |n| {
-            calls::mem_host_alloc(self.context, n).map(|p| p.as_ptr() as usize)
+            calls::mem_host_alloc(self.context, n)
+                .map(|p| p.as_ptr() as usize)
+                .map_err(|e| calls::pool_alloc_error(e, n))
         })
     }
 
@@ -515,7 +493,9 @@ impl DriverPool {
     /// [`Error::OutOfMemory`] or [`Error::Cuda`] as the driver reports.
     pub fn allocate(&self, bytes: usize, stream: &StreamHandle) -> Result<usize> {
         // SAFETY: the handle keeps its stream alive (see `CudaStreams::synchronize`).
-        unsafe { calls::mem_alloc_async(self.context, bytes, stream.as_raw()) }.map(|p| p as usize)
+        unsafe { calls::mem_alloc_async(self.context, bytes, stream.as_raw()) }
+            .map(|p| p as usize)
+            .map_err(|e| calls::pool_alloc_error(e, bytes))
     }
 
     /// Returns `addr` to the pool in `stream`'s order.

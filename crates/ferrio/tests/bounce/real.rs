@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
-use ferrio::bounce::{self, PinnedBudget};
-use ferrio::cuda::{self, Context, CudaEngine, DeviceBuffer, DevicePtr};
+use ferrio::bounce::{self, CudaEngine, PinnedBudget};
+use ferrio::cuda::{self, Context, DeviceBuffer, DevicePtr};
 use ferrio::Settings;
 
 use super::{DeviceMem, Harness};
