@@ -35,6 +35,8 @@ bench: deps-system install
 rust-lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	# Without the tests the library builds without its `testing` feature: no dead code there either.
+	$(CARGO) clippy --workspace -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -q
 
 py-lint: install

@@ -242,11 +242,11 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
 
 /// Runs `f`, which moves `bytes`, and returns its rate and this process's CPU time per GiB.
 fn measure(bytes: u64, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Sample> {
-    let cpu0 = ferrio::sys::process_cpu_seconds();
+    let cpu0 = crate::host::process_cpu_seconds();
     let t0 = Instant::now();
     f()?;
     let secs = t0.elapsed().as_secs_f64();
-    let cpu = ferrio::sys::process_cpu_seconds() - cpu0;
+    let cpu = crate::host::process_cpu_seconds() - cpu0;
     Ok(Sample {
         gib_per_s: gibps(bytes, secs),
         cpu_s_per_gib: cpu / gib(bytes),
@@ -287,7 +287,7 @@ fn warm(path: &Path) -> anyhow::Result<()> {
 
 /// CPU seconds used by waited-for children so far.
 fn children_cpu() -> f64 {
-    ferrio::sys::children_cpu_seconds()
+    crate::host::children_cpu_seconds()
 }
 
 /// One fio sequential read of the whole file: io_uring, bs 1 MiB, iodepth 32.
@@ -359,7 +359,7 @@ fn which(tool: &str) -> Option<PathBuf> {
 }
 
 fn check_space(dir: &Path, size: u64) -> anyhow::Result<()> {
-    if let Some(free) = ferrio::sys::free_bytes(dir) {
+    if let Some(free) = crate::host::free_bytes(dir) {
         if free < size + (64 << 20) {
             bail!(UsageError(format!(
                 "{} has {} free; the benchmark needs {} (use --dir or --size)",

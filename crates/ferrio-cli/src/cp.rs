@@ -10,7 +10,7 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrio::copy::{CopyMethod, CopyOptions, CopyProgress, CopyReport};
+use ferrio::{CopyMethod, CopyOptions, CopyProgress, CopyReport};
 use serde_json::json;
 
 use crate::progress::Progress;

@@ -7,6 +7,7 @@
 
 mod bench;
 mod cp;
+mod host;
 mod info;
 mod interrupt;
 mod progress;

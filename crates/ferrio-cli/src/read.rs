@@ -54,7 +54,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         .iter()
         .map(|f| Ok(prefaulted(f.len()?.min(WINDOW) as usize)))
         .collect::<ferrio::Result<_>>()?;
-    let cpu0 = ferrio::sys::process_cpu_seconds();
+    let cpu0 = crate::host::process_cpu_seconds();
     let t0 = Instant::now();
     let mut progress = Progress::new("read", total, a.io.json);
     let outcomes = std::thread::scope(|s| {
@@ -87,7 +87,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     })?;
     drop(progress);
     let secs = t0.elapsed().as_secs_f64();
-    let cpu = ferrio::sys::process_cpu_seconds() - cpu0;
+    let cpu = crate::host::process_cpu_seconds() - cpu0;
     let bytes: u64 = outcomes.iter().map(|o| o.bytes).sum();
     if a.io.json {
         let files: Vec<_> = outcomes

@@ -43,7 +43,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         // Blocks allocated in one go: direct writes then neither extend the file nor allocate.
         f.allocate(a.size)?;
     }
-    let cpu0 = ferrio::sys::process_cpu_seconds();
+    let cpu0 = crate::host::process_cpu_seconds();
     let t0 = Instant::now();
     let quiet = a.io.json || files.len() > 1;
     let outcomes: Vec<(u64, f64)> = std::thread::scope(|s| {
@@ -70,7 +70,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
             .collect::<anyhow::Result<Vec<_>>>()
     })?;
     let secs = t0.elapsed().as_secs_f64();
-    let cpu = ferrio::sys::process_cpu_seconds() - cpu0;
+    let cpu = crate::host::process_cpu_seconds() - cpu0;
     let written: u64 = outcomes.iter().map(|o| o.0).sum();
     if a.io.json {
         let per_file: Vec<_> = a

@@ -81,7 +81,7 @@ impl fmt::Display for DevId {
 }
 
 /// What kind of physical device a disk is, which decides its default worker count
-/// ([`crate::pool::default_threads`]).
+/// (the pool's thread policy, `pool::threads` inside the crate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DiskKind {

@@ -17,24 +17,32 @@
 //! ```
 #![deny(rustdoc::broken_intra_doc_links)]
 
+/// Declares modules that are private to the crate, and public (hidden from the docs) when the
+/// `testing` feature is on: the integration tests, examples and benchmarks turn it on to reach
+/// the planner, the syscall layer, the bounce ring and the emulated GPU. Users never need it.
+macro_rules! internal_modules {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(feature = "testing")]
+        #[doc(hidden)]
+        pub mod $name;
+        #[cfg(not(feature = "testing"))]
+        mod $name;
+    )*};
+}
+
+internal_modules!(bounce, buffer, direct, file, plan, pool, sys);
+
 pub mod blockdev;
-pub mod bounce;
-mod buffer;
 pub mod config;
 pub mod copy;
 pub mod cuda;
-pub mod direct;
 pub mod error;
-mod file;
 pub mod memory;
 pub mod pagecache;
-pub mod plan;
-pub mod pool;
-pub mod sys;
 
 pub use buffer::{IoBuf, IoBufMut};
 pub use config::{DirectMode, Settings};
-pub use copy::{copy, CopyMethod, CopyOptions, CopyProgress, CopyReport};
+pub use copy::{copy, CopyError, CopyMethod, CopyOptions, CopyProgress, CopyReport, DeviceTraffic};
 pub use direct::DirectSupport;
 pub use error::{Error, Op, Result};
 pub use file::{stats, File, Mode, OpenOptions};

@@ -32,6 +32,7 @@
 //! - `emulated.rs`: [`emulated::EmulatedDevice`], the engine emulated in host memory.
 
 mod cuda;
+#[cfg(any(test, feature = "testing"))]
 pub mod emulated;
 mod ring;
 mod thread_rings;
@@ -45,11 +46,14 @@ use crate::cuda::DevicePtr;
 use crate::error::Result;
 
 pub use self::cuda::CudaEngine;
-pub use ring::{BounceRing, RingStats};
+pub use ring::BounceRing;
+#[cfg(any(test, feature = "testing"))]
+pub use ring::RingStats;
 pub use thread_rings::{
-    finish_thread_ring, read_to_device, release_thread_rings, start_read_to_device,
-    thread_ring_stats, write_from_device, RingSet,
+    finish_thread_ring, release_thread_rings, start_read_to_device, write_from_device,
 };
+#[cfg(any(test, feature = "testing"))]
+pub use thread_rings::{read_to_device, thread_ring_stats, RingSet};
 
 /// Alignment of every bounce buffer's start and length: `O_DIRECT` reads land in them.
 pub const PINNED_ALIGN: usize = 4096;
@@ -216,6 +220,7 @@ impl PinnedBudget {
         self.limit.store(limit, Ordering::Relaxed);
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Pinned bytes held by rings of this budget now.
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)

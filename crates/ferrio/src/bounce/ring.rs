@@ -127,6 +127,7 @@ impl<E: CopyEngine> BounceRing<E> {
         self.buffer_len
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Buffers the ring holds now (at most [`depth`](Self::depth); fewer when the pinned cap
     /// was reached).
     pub fn buffers(&self) -> usize {
@@ -143,11 +144,13 @@ impl<E: CopyEngine> BounceRing<E> {
         self.poisoned
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// The ring's counters.
     pub fn stats(&self) -> RingStats {
         self.stats
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Reads `len` bytes of a file, from `file_offset` on, into device memory at `dst`, returns
     /// how many bytes arrived.
     ///

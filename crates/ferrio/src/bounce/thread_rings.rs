@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use super::{BounceRing, CopyEngine, CudaEngine, PinnedBudget, RingStats, PINNED_ALIGN};
+use super::{BounceRing, CopyEngine, CudaEngine, PinnedBudget, PINNED_ALIGN};
 use crate::config::Settings;
 use crate::cuda::{Context, DevicePtr};
 use crate::error::{Error, Result};
@@ -80,11 +80,13 @@ impl<E: CopyEngine + PartialEq> RingSet<E> {
         self.rings.clear();
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Number of rings in the set.
     pub fn len(&self) -> usize {
         self.rings.len()
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// True when the set holds no ring.
     pub fn is_empty(&self) -> bool {
         self.rings.is_empty()
@@ -128,6 +130,7 @@ fn with_thread_ring<R>(
     )
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// Reads `len` file bytes from `file_offset` into device memory at `dst` (in `context`) through
 /// the calling thread's ring for that context, made on first use with `settings`.
 ///
@@ -221,8 +224,9 @@ pub fn release_thread_rings() {
     });
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// Statistics of the calling thread's ring for `context`, if it has one.
-pub fn thread_ring_stats(context: Context) -> Option<RingStats> {
+pub fn thread_ring_stats(context: Context) -> Option<super::RingStats> {
     THREAD_RINGS.with(|cell| {
         let set = cell.try_borrow().ok()?;
         let set = set.as_ref()?;

@@ -7,7 +7,7 @@
 //! `schedule` (which file next, how many at once), `entry` (one file or symlink, start to end),
 //! `data` (moving the bytes), `ring` (the windows they move through), `verify`, `meta` (mode,
 //! owner, times) and `temp` (temporary names). None of them makes a syscall itself (those live in
-//! [`crate::sys`]) or reaches the worker pools other than through [`File`](crate::File).
+//! the crate's `sys` module) or reaches the worker pools other than through [`File`](crate::File).
 //!
 //! # How a file is copied
 //! The source is opened as a [`File`](crate::File) (its reads run on the source device's pool)

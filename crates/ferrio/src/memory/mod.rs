@@ -3,7 +3,7 @@
 //!
 //! It owns: the free lists, the chunk table, the per-thread caches and the event strategy.
 //! It may not touch: the CUDA driver directly. Streams and events come in through the
-//! [`StreamOrder`] trait (emulated in [`emulated`] for CI; the CUDA driver in [`CudaStreams`]),
+//! [`StreamOrder`] trait (emulated in the `emulated` module for CI; the CUDA driver in [`CudaStreams`]),
 //! memory through the [`Upstream`] trait ([`DeviceUpstream`], [`PinnedUpstream`],
 //! [`HostUpstream`]).
 //!
@@ -131,11 +131,12 @@
 //! - each buffer is used on its own ring's streams only, ordered by the ring's own events, so
 //!   the pool's cross-stream ordering would be unused bookkeeping;
 //! - a pool returns memory to its upstream only when dropped, while a ring's buffers go back
-//!   to the driver (and to the [`PinnedBudget`](crate::bounce::PinnedBudget)) when its worker
+//!   to the driver (and to the ring's pinned-memory budget) when its worker
 //!   releases them; pooling would keep released pinned memory locked away from the system.
 
 mod blocks;
 mod cuda;
+#[cfg(any(test, feature = "testing"))]
 pub mod emulated;
 mod local;
 mod order;
@@ -148,6 +149,7 @@ mod tests;
 pub use cuda::{
     CudaStreams, DeviceUpstream, DriverPool, OrderEvent, PinnedUpstream, StreamGate, StreamHandle,
 };
+#[cfg(any(test, feature = "testing"))]
 pub use emulated::{EmulatedCalls, EmulatedEvent, EmulatedOp, EmulatedStream, EmulatedStreams};
 pub use order::{StreamId, StreamOrder};
 pub use pool::{Block, EventPolicy, PoolOptions, PoolResource, PoolStats, StreamStats};

@@ -26,6 +26,7 @@ pub(crate) use future::Completion;
 pub use future::{wait_all, IoFuture};
 pub(crate) use registry::pool_for_device;
 pub use registry::stats;
+#[cfg(any(test, feature = "testing"))]
 pub use threads::{default_threads, suggested_threads};
 
 use std::collections::VecDeque;
@@ -491,6 +492,7 @@ impl std::fmt::Debug for DevicePool {
 /// Requests of one task up to this size run on the calling thread.
 const INLINE_MAX_BYTES: usize = 64 << 10;
 
+#[cfg(any(test, feature = "testing"))]
 /// I/O worker threads started by all pools together.
 pub fn total_threads() -> usize {
     TOTAL_THREADS.load(Ordering::Relaxed)

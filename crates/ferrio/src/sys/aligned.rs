@@ -29,6 +29,7 @@ impl AlignedBuf {
         self.layout.size()
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Whether the buffer is empty (never: it holds at least one byte).
     pub fn is_empty(&self) -> bool {
         false
@@ -50,6 +51,7 @@ impl AlignedBuf {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` is valid for `len` initialised bytes and `&mut self` is exclusive.

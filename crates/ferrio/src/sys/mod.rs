@@ -343,16 +343,7 @@ pub fn page_size() -> usize {
     }
 }
 
-/// CPU time (user + system) this process has used, in seconds.
-pub fn process_cpu_seconds() -> f64 {
-    // SAFETY: an all-zero `rusage` is a valid value and `getrusage` only writes into it.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is writable.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
-}
-
+#[cfg(any(test, feature = "testing"))]
 /// Whether this process runs as root.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -391,17 +382,7 @@ pub fn process_exists(pid: u32) -> bool {
     io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
-/// CPU time (user + system) used by this process's children that have been waited for, in
-/// seconds.
-pub fn children_cpu_seconds() -> f64 {
-    // SAFETY: an all-zero `rusage` is a valid value and `getrusage` only writes into it.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is writable.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
-}
-
+#[cfg(any(test, feature = "testing"))]
 /// Bytes available to unprivileged users on the file system holding `path`.
 pub fn free_bytes(path: &Path) -> Option<u64> {
     let c = c_path(path).ok()?;

@@ -1,0 +1,39 @@
+//! What the reports print about this process and machine: CPU time used (own and waited-for
+//! children's, for CPU-seconds per GiB) and the space free on a file system (to size a benchmark
+//! file). These few libc calls are the command line's own; the library keeps its syscalls to
+//! itself.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+fn rusage_seconds(who: libc::c_int) -> f64 {
+    // SAFETY: an all-zero `rusage` is a valid value and `getrusage` only writes into it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is writable and `who` is RUSAGE_SELF or RUSAGE_CHILDREN.
+    unsafe { libc::getrusage(who, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// CPU time (user + system) this process has used, in seconds.
+pub(crate) fn process_cpu_seconds() -> f64 {
+    rusage_seconds(libc::RUSAGE_SELF)
+}
+
+/// CPU time (user + system) of this process's children that have been waited for, in seconds.
+pub(crate) fn children_cpu_seconds() -> f64 {
+    rusage_seconds(libc::RUSAGE_CHILDREN)
+}
+
+/// Bytes available to unprivileged users on the file system holding `path`.
+pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
+    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: an all-zero `statvfs` is a valid value for this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `st` is writable.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
