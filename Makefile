@@ -60,7 +60,8 @@ test: lint rust-test py-test
 gpu-wheel: deps-python
 	rm -rf .carry/wheels && $(PYTHON) -m maturin build --release --out .carry/wheels
 	$(CARGO) build --release -p ferrio-cli
-	mkdir -p .carry/bin && cp target/release/ferrio .carry/bin/
+	$(CARGO) build --release -p ferrio --example ring_throughput
+	mkdir -p .carry/bin && cp target/release/ferrio target/release/examples/ring_throughput .carry/bin/
 	cp "$$($(CARGO) test --release -p ferrio --test tests --no-run --message-format=json 2>/dev/null \
 	  | $(PYTHON) -c 'import json,sys; print([json.loads(l)["executable"] for l in sys.stdin if "\"executable\":\"/" in l][-1])')" \
 	  .carry/bin/ferrio-tests

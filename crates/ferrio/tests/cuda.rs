@@ -41,6 +41,7 @@ fn without_a_driver_everything_is_host() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn classify_tells_host_from_device() {
     require_cuda!();
     let info = cuda::driver_info().expect("driver info");

@@ -1,26 +1,16 @@
-//! Reads into and writes from GPU memory through `File`. Skipped (with the reason) without a
-//! CUDA driver; run for real on the GPU machine (`make gpu-test`).
+//! Reads into and writes from GPU memory through `File`. The GPU tests are ignored unless asked
+//! for and run for real on the GPU machine (`make gpu-test`); the no-driver test runs everywhere
+//! else.
 
 use ferrio::cuda::{self, DeviceBuffer};
 use ferrio::{DirectMode, File};
 
 use super::common::{data, disk_dir, make_file, settings, POISON};
 
-fn gpu() -> bool {
-    match cuda::available() {
-        Ok(()) => true,
-        Err(e) => {
-            eprintln!("skipped: {e}");
-            false
-        }
-    }
-}
-
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn file_to_gpu_and_back_at_random_offsets() {
-    if !gpu() {
-        return;
-    }
+    crate::require_cuda!();
     let dir = disk_dir();
     let len = (40 << 20) + 4099;
     let content = data(len, 21);
@@ -83,10 +73,9 @@ fn file_to_gpu_and_back_at_random_offsets() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn host_memory_is_refused_by_the_device_calls() {
-    if !gpu() {
-        return;
-    }
+    crate::require_cuda!();
     let dir = disk_dir();
     let path = make_file(dir.path(), "f", &data(4096, 1));
     let f = File::open(&path, "r").unwrap();

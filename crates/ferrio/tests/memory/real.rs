@@ -152,6 +152,7 @@ impl Backend for Gpu {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn real_conformance() {
     require_cuda!();
     let gpu = Arc::new(Gpu::new());
@@ -159,6 +160,7 @@ fn real_conformance() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn real_over_aligned_chunks_come_back_whole() {
     require_cuda!();
     let streams = CudaStreams::for_device(0).expect("streams");
@@ -187,6 +189,7 @@ fn real_over_aligned_chunks_come_back_whole() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn real_pinned_pool_is_host_memory() {
     require_cuda!();
     let streams = CudaStreams::for_device(0).expect("streams");
@@ -214,6 +217,7 @@ fn real_pinned_pool_is_host_memory() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn real_foreign_streams_get_fresh_ids() {
     require_cuda!();
     let streams = CudaStreams::for_device(0).expect("streams");
@@ -244,6 +248,7 @@ fn real_foreign_streams_get_fresh_ids() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn real_driver_pool_allocates_in_stream_order() {
     require_cuda!();
     let streams = CudaStreams::for_device(0).expect("streams");
