@@ -28,9 +28,9 @@ step rust-gpu-tests
 tail -3 "$LOGS/rust-tests.log" | tee -a "$S"
 # Whatever still skipped itself (the no-driver tests, on this machine), by name.
 grep -o "skipped: .*" "$LOGS/rust-tests.log" | sed 's/^/skip: /' | tee -a "$S"
+grep -E "^test .*FAILED|panicked" "$LOGS/rust-tests.log" | head -20 | tee -a "$S"
 step ring-throughput
 timeout 120 "$ROOT/.carry/bin/ring_throughput" 2>&1 | tee -a "$S"
-grep -E "^test .*FAILED|panicked" "$LOGS/rust-tests.log" | head -20 | tee -a "$S"
 
 step python-tests
 timeout 300 python3 -m pytest -q -p no:cacheprovider -x python/tests >"$LOGS/pytest.log" 2>&1
