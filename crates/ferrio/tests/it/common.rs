@@ -8,15 +8,7 @@ use ferrio::{DirectMode, Settings};
 
 /// Deterministic pseudo-random bytes (never all zeros) from a seed.
 pub fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    crate::support::random_bytes(len, seed)
 }
 
 /// A temporary directory on a real disk (not tmpfs), so O_DIRECT works: `FERRIO_TEST_DIR`, else

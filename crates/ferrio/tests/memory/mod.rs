@@ -17,6 +17,8 @@ use std::sync::{Arc, Barrier, Mutex};
 use ferrio::memory::{Block, EventPolicy, PoolOptions, PoolResource, StreamOrder, Upstream};
 use ferrio::Error;
 
+use crate::support::Rng;
+
 /// A stream of backend `B`.
 pub type StreamOf<B> = <<B as Backend>::Order as StreamOrder>::Stream;
 /// A pool of backend `B`.
@@ -337,18 +339,6 @@ impl Live {
     }
 }
 
-/// xorshift64*: deterministic per thread.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-    }
-}
-
 /// How a stress run is shaped.
 #[derive(Clone, Copy, Debug)]
 pub struct Stress {
@@ -390,7 +380,7 @@ pub fn stress<B: Backend>(b: &Arc<B>, cfg: Stress) {
                 Arc::clone(&start),
             );
             std::thread::spawn(move || {
-                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((t as u64 + 1) * 0x1234_5678));
+                let mut rng = Rng::new((t as u64 + 1) * 0x1234_5678);
                 let mut mine: Vec<(Block, usize, u32)> = Vec::new();
                 let mut ooms = 0usize;
                 start.wait();
@@ -457,7 +447,7 @@ pub fn stress<B: Backend>(b: &Arc<B>, cfg: Stress) {
 }
 
 /// The stress shapes every backend runs.
-pub const STRESS: [Stress; 3] = [
+pub const STRESS: [Stress; 4] = [
     Stress {
         threads: 8,
         streams: 6,
@@ -481,6 +471,14 @@ pub const STRESS: [Stress; 3] = [
         max_live: 8,
         max_bytes: Some(4 << 20),
         policy: EventPolicy::OnSteal,
+    },
+    Stress {
+        threads: 6,
+        streams: 4,
+        ops: 2000,
+        max_live: 8,
+        max_bytes: Some(2 << 20),
+        policy: EventPolicy::EveryNthFree(NonZeroU32::new(8).expect("8 is not zero")),
     },
 ];
 
