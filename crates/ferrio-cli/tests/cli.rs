@@ -86,6 +86,13 @@ fn bad_environment_value_names_the_variable() {
         .output()
         .unwrap();
     assert_one_line_error(&o, 2, "FERRIO_TASK_SIZE");
+    let o = ferrio()
+        .env("FERRIO_DEVICE_THREADS", "=3")
+        .args(["info", d.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, 2, "FERRIO_DEVICE_THREADS");
+    assert_one_line_error(&o, 2, "NAME=N[,NAME=N...]");
 }
 
 #[test]
