@@ -42,6 +42,10 @@ def fromfile(
     if shape is not None and count != -1:
         raise ValueError("give count or shape, not both")
     with _open(path, "r") as f:
+        if shape is None and count < 0 and f.size == 0:
+            # procfs and sysfs files report size 0 yet have content: read them to their end,
+            # as numpy.fromfile does (they are small; an empty file costs one read).
+            return _read_to_end(path, dt, offset, device)
         if shape is not None:
             dims = (shape,) if isinstance(shape, int) else tuple(shape)
             items = int(np.prod(dims, dtype=np.int64))
@@ -55,6 +59,25 @@ def fromfile(
             f"{os.fspath(path)!r} holds {got} bytes after offset {offset}, "
             f"fewer than the {arr.nbytes} asked for"
         )
+    return arr
+
+
+def _read_to_end(
+    path: str | bytes | os.PathLike[str] | os.PathLike[bytes], dt: Any, offset: int, device: str
+) -> Any:
+    """Return the whole items from `offset` to the end of `path`, read sequentially."""
+    import numpy as np
+
+    with open(path, "rb") as raw:
+        raw.seek(offset)
+        data = bytearray(raw.read())
+    items = len(data) // max(dt.itemsize, 1)
+    host = np.frombuffer(data, dtype=dt, count=items)
+    arr = _empty((items,), dt, device)
+    if device == "cpu":
+        arr[...] = host
+    else:
+        arr.set(host)
     return arr
 
 
