@@ -24,7 +24,9 @@ def fromfile(
 
     Reads `count` items of `dtype` (-1: as many whole items as the file holds after
     `offset`) starting `offset` bytes into the file, or exactly ``prod(shape)`` items shaped
-    `shape`. Raises ValueError if the file is shorter than asked. Needs numpy.
+    `shape`. Raises ValueError if the file is shorter than asked. A file that reports size 0
+    (procfs and sysfs files do, whatever they hold) is read to its end when `count` is -1.
+    Needs numpy.
 
     `device` ``"cpu"`` gives a numpy array; ``"cuda"`` or ``"cuda:N"`` a CuPy array on GPU N
     (needs CuPy), filled straight from the file through ferrio's pinned bounce buffers.
