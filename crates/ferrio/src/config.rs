@@ -600,7 +600,10 @@ mod tests {
         for bad in ["=3", " = 3", "nvme0=2,=3"] {
             for name in ["device_threads", "FERRIO_DEVICE_THREADS"] {
                 let e = s.set(name, bad).unwrap_err().to_string();
-                assert!(e.contains("FERRIO_DEVICE_THREADS") || e.contains(name), "{e}");
+                assert!(
+                    e.contains("FERRIO_DEVICE_THREADS") || e.contains(name),
+                    "{e}"
+                );
                 assert!(e.contains("NAME=N[,NAME=N...]"), "{e}");
             }
         }

@@ -579,7 +579,9 @@ fn same_file(fd: OwnedFd, st: &libc::stat) -> std::io::Result<OwnedFd> {
     if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) {
         Ok(fd)
     } else {
-        Err(std::io::Error::other("the path was replaced while it was opened"))
+        Err(std::io::Error::other(
+            "the path was replaced while it was opened",
+        ))
     }
 }
 

@@ -1,8 +1,8 @@
 //! Every raw syscall ferrio makes, wrapped so that callers get `io::Result` and never see `errno`.
 //!
 //! This module owns file descriptors' syscalls (open, fcntl, pread/pwrite loops, statx,
-//! cachestat, fadvise, mincore, sync, the block-device size ioctl) and aligned allocations. Nothing here knows about tasks, pools or
-//! settings.
+//! cachestat, fadvise, mincore, sync, the block-device size ioctl) and aligned allocations.
+//! Nothing here knows about tasks, pools or settings.
 
 mod aligned;
 mod copy;

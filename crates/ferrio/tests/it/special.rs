@@ -124,7 +124,10 @@ fn a_size_zero_proc_file_is_copied_to_its_end_with_read_write() {
         .verify(true);
     copy([src], &dst, &options).unwrap().check().unwrap();
     let out = std::fs::read(&dst).unwrap();
-    assert!(String::from_utf8_lossy(&out).contains("processor"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out).contains("processor"),
+        "{out:?}"
+    );
 }
 
 /// A loop device over a file of `bytes` bytes, detached on drop.
@@ -146,7 +149,9 @@ impl LoopDev {
                 String::from_utf8_lossy(&o.stderr).trim()
             ));
         }
-        Ok(LoopDev(String::from_utf8_lossy(&o.stdout).trim().to_string()))
+        Ok(LoopDev(
+            String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        ))
     }
 }
 
@@ -189,5 +194,7 @@ fn a_zero_length_device_request_completes_without_looking_at_the_address() {
     assert_eq!(std::fs::read(&p).unwrap(), b"some bytes");
     // A non-empty request still checks the address (and needs CUDA).
     // SAFETY: the call fails before any transfer: address 0 is not device memory.
-    assert!(unsafe { f.pread_device(DevicePtr(0), 1, 0) }.wait().is_err());
+    assert!(unsafe { f.pread_device(DevicePtr(0), 1, 0) }
+        .wait()
+        .is_err());
 }
