@@ -13,11 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import is_root
 
 import ferrio
 from ferrio import config
-
-from conftest import is_root
 
 
 def test_opening_a_fifo_raises_at_once_naming_the_path(tmp_path: Path) -> None:
