@@ -24,7 +24,9 @@ def fromfile(
 
     Reads `count` items of `dtype` (-1: as many whole items as the file holds after
     `offset`) starting `offset` bytes into the file, or exactly ``prod(shape)`` items shaped
-    `shape`. Raises ValueError if the file is shorter than asked. Needs numpy.
+    `shape`. Raises ValueError if the file is shorter than asked. A file that reports size 0
+    (procfs and sysfs files do, whatever they hold) is read to its end when `count` is -1.
+    Needs numpy.
 
     `device` ``"cpu"`` gives a numpy array; ``"cuda"`` or ``"cuda:N"`` a CuPy array on GPU N
     (needs CuPy), filled straight from the file through ferrio's pinned bounce buffers.
@@ -42,6 +44,10 @@ def fromfile(
     if shape is not None and count != -1:
         raise ValueError("give count or shape, not both")
     with _open(path, "r") as f:
+        if shape is None and count < 0 and f.size == 0:
+            # procfs and sysfs files report size 0 yet have content: read them to their end,
+            # as numpy.fromfile does (they are small; an empty file costs one read).
+            return _read_to_end(path, dt, offset, device)
         if shape is not None:
             dims = (shape,) if isinstance(shape, int) else tuple(shape)
             items = int(np.prod(dims, dtype=np.int64))
@@ -55,6 +61,25 @@ def fromfile(
             f"{os.fspath(path)!r} holds {got} bytes after offset {offset}, "
             f"fewer than the {arr.nbytes} asked for"
         )
+    return arr
+
+
+def _read_to_end(
+    path: str | bytes | os.PathLike[str] | os.PathLike[bytes], dt: Any, offset: int, device: str
+) -> Any:
+    """Return the whole items from `offset` to the end of `path`, read sequentially."""
+    import numpy as np
+
+    with open(path, "rb") as raw:
+        raw.seek(offset)
+        data = bytearray(raw.read())
+    items = len(data) // max(dt.itemsize, 1)
+    host = np.frombuffer(data, dtype=dt, count=items)
+    arr = _empty((items,), dt, device)
+    if device == "cpu":
+        arr[...] = host
+    else:
+        arr.set(host)
     return arr
 
 

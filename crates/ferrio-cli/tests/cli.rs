@@ -86,6 +86,13 @@ fn bad_environment_value_names_the_variable() {
         .output()
         .unwrap();
     assert_one_line_error(&o, 2, "FERRIO_TASK_SIZE");
+    let o = ferrio()
+        .env("FERRIO_DEVICE_THREADS", "=3")
+        .args(["info", d.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, 2, "FERRIO_DEVICE_THREADS");
+    assert_one_line_error(&o, 2, "NAME=N[,NAME=N...]");
 }
 
 #[test]
@@ -193,4 +200,49 @@ fn ctrl_c_during_bench_removes_its_files() {
         "left {:?}",
         leftovers(d.path())
     );
+}
+
+/// Runs `ferrio args`, killing it if it has not exited within ten seconds.
+fn run_within(args: &[&str]) -> Output {
+    let child = ferrio()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ferrio");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(o) => o.expect("wait for ferrio"),
+        Err(_) => {
+            // SAFETY: plain kill(2) of our own child, which has not been waited for yet.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            panic!("ferrio {args:?} blocked");
+        }
+    }
+}
+
+#[test]
+fn a_fifo_is_refused_at_once_by_info_read_and_write() {
+    let d = tmp();
+    let p = d.path().join("p");
+    let ok = Command::new("mkfifo")
+        .arg(&p)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "mkfifo");
+    let ps = p.to_str().unwrap();
+    for args in [
+        vec!["info", ps],
+        vec!["read", ps],
+        vec!["write", ps, "--size", "1MiB"],
+    ] {
+        let o = run_within(&args);
+        assert_one_line_error(&o, 1, "is a FIFO");
+        assert!(String::from_utf8_lossy(&o.stderr).contains(ps), "{o:?}");
+    }
 }

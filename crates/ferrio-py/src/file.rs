@@ -146,7 +146,8 @@ fn open_file(
 /// `direct_write` (`"off"`, `"on"` or `"auto"`: bypass the page cache with O_DIRECT) and
 /// `direct_overread` (bool). Raises the matching `OSError` subclass (`FileNotFoundError`,
 /// `PermissionError`, `IsADirectoryError`, ...) with `filename` set, or `ValueError` for a
-/// bad mode or option.
+/// bad mode or option. Only regular files and block devices open: a FIFO, socket or character
+/// device raises `OSError` (`EINVAL`, "is a FIFO", ...) at once, without waiting on it.
 #[pyfunction]
 #[pyo3(signature = (path, mode="r", *, task_size=None, direct_read=None, direct_write=None, direct_overread=None))]
 #[allow(clippy::too_many_arguments)]

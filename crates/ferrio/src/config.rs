@@ -173,7 +173,7 @@ pub const SETTINGS: &[SettingInfo] = &[
     SettingInfo {
         name: "device_threads",
         env: "FERRIO_DEVICE_THREADS",
-        unit: "POOL=N,... (pool keys as `ferrio info` shows them)",
+        unit: "NAME=N[,NAME=N...] (pool names as `ferrio info` shows them)",
         default: "",
         doc: "threads for named pools, overriding threads_per_device",
         get: |s| {
@@ -289,7 +289,8 @@ pub const SETTINGS: &[SettingInfo] = &[
 
 const SIZE_FORMS: &str = "a byte count such as 4194304, 4MiB, 4M, 512KiB, 2GiB or 1G";
 const COUNT_FORMS: &str = "a whole number such as 0, 4 or 16";
-const DEVICE_THREADS_FORMS: &str = "comma-separated POOL=N with N >= 1, e.g. nvme0=16,loop3=2";
+const DEVICE_THREADS_FORMS: &str =
+    "NAME=N[,NAME=N...], a pool name and N >= 1, e.g. nvme0=16,loop3=2";
 const BOOL_FORMS: &str = "on|off (also true/false, 1/0, yes/no)";
 
 /// A human size of at least `min` bytes; `too_small` is the message for a smaller one.
@@ -323,8 +324,12 @@ fn pool_threads(v: &str) -> std::result::Result<Vec<(String, usize)>, &'static s
     let mut map = Vec::new();
     for item in v.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let (k, n) = item.split_once('=').ok_or(DEVICE_THREADS_FORMS)?;
+        let k = k.trim();
+        if k.is_empty() {
+            return Err(DEVICE_THREADS_FORMS);
+        }
         let n = n.trim().parse::<usize>().ok().filter(|&n| n > 0);
-        map.push((k.trim().to_string(), n.ok_or(DEVICE_THREADS_FORMS)?));
+        map.push((k.to_string(), n.ok_or(DEVICE_THREADS_FORMS)?));
     }
     Ok(map)
 }
@@ -587,6 +592,22 @@ mod tests {
         assert!(s.set("device_threads", "nvme0").is_err());
         assert!(s.set("device_threads", "nvme0=0").is_err());
         assert!(!s.per_device_pools);
+    }
+
+    #[test]
+    fn device_threads_needs_a_pool_name() {
+        let mut s = Settings::default();
+        for bad in ["=3", " = 3", "nvme0=2,=3"] {
+            for name in ["device_threads", "FERRIO_DEVICE_THREADS"] {
+                let e = s.set(name, bad).unwrap_err().to_string();
+                assert!(
+                    e.contains("FERRIO_DEVICE_THREADS") || e.contains(name),
+                    "{e}"
+                );
+                assert!(e.contains("NAME=N[,NAME=N...]"), "{e}");
+            }
+        }
+        assert!(s.device_threads.is_empty());
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -122,6 +123,29 @@ impl Copier<'_> {
         result
     }
 
+    /// Copies `src` into `out` by plain sequential reads until end of file, for a source whose
+    /// size says 0: procfs and sysfs files report 0 yet have content, generated as it is read
+    /// (and small). An empty regular file costs one read. Returns the bytes moved.
+    pub(super) fn copy_to_eof(&self, src: &File, out: &fs::File, dst: &Path) -> Result<u64> {
+        let mut buf = vec![0u8; TO_EOF_CHUNK];
+        let mut moved = 0u64;
+        loop {
+            if self.cancelled() {
+                return Err(Error::Cancelled);
+            }
+            // SAFETY: `buf` is an owned vector of `buf.len()` bytes, alive for the call.
+            let n = unsafe { sys::pread_full(src.as_fd(), buf.as_mut_ptr(), buf.len(), moved) }
+                .map_err(|e| Error::io(Op::Read, src.path(), moved, buf.len() as u64, e))?;
+            if n == 0 {
+                return Ok(moved);
+            }
+            out.write_all_at(&buf[..n], moved)
+                .map_err(|e| Error::io(Op::Write, dst, moved, n as u64, e))?;
+            moved += n as u64;
+            self.progress.add_bytes(n as u64);
+        }
+    }
+
     /// Copies the extents with `copy_file_range` into `out`. Returns the bytes moved.
     ///
     /// The data is cut into up to `depth` contiguous segments (one per [`CFR_SEGMENT_MIN`] of
@@ -209,6 +233,9 @@ impl Copier<'_> {
 /// Bytes of data per `copy_file_range` segment of one file, at least (smaller files are one
 /// sequential stream).
 const CFR_SEGMENT_MIN: u64 = 64 << 20;
+
+/// Bytes per read of [`Copier::copy_to_eof`]: procfs and sysfs files fit in one or a few.
+const TO_EOF_CHUNK: usize = 64 << 10;
 
 /// The extents cut into `k` contiguous parts of about equal data, cut at multiples of `unit`
 /// (at least one part, none empty).

@@ -30,6 +30,11 @@ impl File {
             Op::Write
         };
         self.check_mode(op)?;
+        if len == 0 {
+            // Nothing to move: an empty GPU array has a null address, which is no device memory,
+            // and a machine without CUDA can still do nothing.
+            return Ok(Completion::new(offset, 0, 0));
+        }
         cuda::available()?;
         let context = match cuda::try_classify(ptr.0 as usize)? {
             Memory::Device { context, .. } => context,

@@ -12,6 +12,7 @@ mod write;
 pub use mode::Mode;
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -145,11 +146,8 @@ impl File {
             mode: mode.as_str().to_string(),
             source,
         };
-        let fd = sys::open(path, mode.flags(), 0o666).map_err(open_err)?;
+        let fd = open_checked(path, mode.flags()).map_err(open_err)?;
         let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io(Op::Stat, path, 0, 0, e))?;
-        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            return Err(open_err(std::io::Error::from_raw_os_error(libc::EISDIR)));
-        }
         let wants_direct = (mode.readable() && choices.direct_read != DirectMode::Off)
             || (mode.writable() && choices.direct_write != DirectMode::Off);
         let (direct_fd, direct) = if !wants_direct {
@@ -160,7 +158,7 @@ impl File {
                 },
             )
         } else {
-            match sys::open(path, mode.direct_flags(), 0) {
+            match open_checked(path, mode.direct_flags()).and_then(|dfd| same_file(dfd, &st)) {
                 Ok(dfd) => {
                     let support = direct::discover(dfd.as_fd(), st.st_dev);
                     (Some(dfd), support)
@@ -201,9 +199,14 @@ impl File {
         self.inner.mode
     }
 
-    /// The file's current size in bytes.
+    /// The file's current size in bytes; a block device's size comes from the device, since
+    /// `fstat` says 0 for it.
     pub fn len(&self) -> Result<u64> {
         let st = sys::fstat(self.inner.fd.as_fd()).map_err(|e| self.err(Op::Stat, 0, 0, e))?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFBLK {
+            return sys::block_device_size(self.inner.fd.as_fd())
+                .map_err(|e| self.err(Op::Stat, 0, 0, e));
+        }
         Ok(st.st_size as u64)
     }
 
@@ -522,6 +525,63 @@ impl std::fmt::Debug for File {
             .field("direct", &self.inner.direct)
             .field("pool", &self.inner.pool.key())
             .finish()
+    }
+}
+
+/// Opens `path` without blocking, refuses anything but a regular file or a block device, and
+/// gives back a blocking descriptor.
+///
+/// A FIFO's `open` would otherwise wait for a writer (or reader), in an uninterruptible way as
+/// far as a caller's Ctrl-C is concerned. Checking the open descriptor rather than the path
+/// first leaves no window for the path to change kind in between.
+fn open_checked(path: &Path, flags: libc::c_int) -> std::io::Result<OwnedFd> {
+    let fd = match sys::open(path, flags | libc::O_NONBLOCK, 0o666) {
+        Ok(fd) => fd,
+        // A FIFO opened for writing without a reader fails with ENXIO: say what it is instead.
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            return Err(match std::fs::symlink_metadata(path) {
+                Ok(m) => not_a_file(m.mode() & libc::S_IFMT).unwrap_or(e),
+                Err(_) => e,
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    let st = sys::fstat(fd.as_fd())?;
+    if let Some(refused) = not_a_file(st.st_mode & libc::S_IFMT) {
+        return Err(refused);
+    }
+    sys::set_nonblocking(fd.as_fd(), false)?;
+    Ok(fd)
+}
+
+/// The error for a file of kind `fmt` (`S_IFMT` bits) that ferrio does not read or write, or
+/// `None` for a regular file or block device.
+fn not_a_file(fmt: libc::mode_t) -> Option<std::io::Error> {
+    let kind = match fmt {
+        libc::S_IFREG | libc::S_IFBLK => return None,
+        // As before this check existed, and as the OS itself says it.
+        libc::S_IFDIR => return Some(std::io::Error::from_raw_os_error(libc::EISDIR)),
+        libc::S_IFIFO => "is a FIFO",
+        libc::S_IFCHR => "is a character device",
+        libc::S_IFSOCK => "is a socket",
+        _ => "is not a regular file",
+    };
+    Some(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("{kind} (only regular files and block devices can be opened)"),
+    ))
+}
+
+/// `fd` if it is the file `st` describes: the path was opened a second time (for `O_DIRECT`)
+/// and may have been replaced in between.
+fn same_file(fd: OwnedFd, st: &libc::stat) -> std::io::Result<OwnedFd> {
+    let now = sys::fstat(fd.as_fd())?;
+    if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) {
+        Ok(fd)
+    } else {
+        Err(std::io::Error::other(
+            "the path was replaced while it was opened",
+        ))
     }
 }
 

@@ -1,8 +1,8 @@
 //! Every raw syscall ferrio makes, wrapped so that callers get `io::Result` and never see `errno`.
 //!
-//! This module owns file descriptors' syscalls (open, pread/pwrite loops, statx, cachestat,
-//! fadvise, mincore, sync) and aligned allocations. Nothing here knows about tasks, pools or
-//! settings.
+//! This module owns file descriptors' syscalls (open, fcntl, pread/pwrite loops, statx,
+//! cachestat, fadvise, mincore, sync, the block-device size ioctl) and aligned allocations.
+//! Nothing here knows about tasks, pools or settings.
 
 mod aligned;
 mod copy;
@@ -408,4 +408,62 @@ pub fn fallocate(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Turns `O_NONBLOCK` on or off for the open file description behind `fd` (`fcntl(2)`).
+pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    // SAFETY: plain syscall on an open descriptor.
+    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    let want = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    if want != flags {
+        // SAFETY: plain syscall on an open descriptor; F_SETFL takes an int argument.
+        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, want) })?;
+    }
+    Ok(())
+}
+
+/// `_IOR(0x12, 114, size_t)`, which libc does not name. The kernel declares the argument as
+/// `size_t` although it writes a `u64`, so the encoded size is the pointer width.
+const BLKGETSIZE64: u64 = {
+    // Direction "read" sits at bit 30 on most architectures, at bit 29 (with a 3-bit field) on
+    // these; the size field is 14 bits wide, or 13 on these.
+    #[cfg(any(
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    ))]
+    let read_dir: u64 = 2 << 29;
+    #[cfg(not(any(
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    )))]
+    let read_dir: u64 = 2 << 30;
+    read_dir | ((std::mem::size_of::<usize>() as u64) << 16) | (0x12 << 8) | 114
+};
+
+/// The size in bytes of the block device open at `fd` (`ioctl(BLKGETSIZE64)`); `fstat` reports
+/// 0 for block devices.
+pub fn block_device_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points at `size`, live and
+    // writable for the call; a descriptor that is not a block device fails with ENOTTY.
+    cvt(unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            BLKGETSIZE64 as libc::Ioctl,
+            &mut size as *mut u64,
+        )
+    })?;
+    Ok(size)
 }

@@ -6,3 +6,4 @@ mod errors;
 mod gpu;
 mod pagecache;
 mod readme;
+mod special;
