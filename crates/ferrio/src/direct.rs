@@ -125,9 +125,9 @@ pub(crate) enum Probe {
 }
 
 /// Probes the first, middle and last page of `[offset, offset+len)`. Counting a whole 4 MiB
-/// range costs the kernel a walk over up to 1024 cache entries per task (measured on the H200:
-/// file-to-GPU reads of a cache filled by reads fell from 45 to 25-28 GiB/s and their CPU time
-/// doubled); three one-page questions cost almost nothing, and ranges are rarely half cached.
+/// range costs the kernel a walk over up to 1024 cache entries per task, which on the H200 cut
+/// hot file-to-GPU rates by about 40% and doubled their CPU time (benchmarks/RESULTS.md); three
+/// one-page questions cost almost nothing, and ranges are rarely half cached.
 pub(crate) fn probe(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Probe {
     if len == 0 {
         return Probe::Cached;

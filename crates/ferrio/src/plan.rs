@@ -118,13 +118,9 @@ pub const MAX_DEVICE_TASK: u64 = 128 << 20;
 /// are short, so threads finish together. Boundaries are aligned as in
 /// [`split`] when `min_task >= align`.
 ///
-/// Used for transfers between a file and GPU memory. When each device task still ended by
-/// waiting for its last copy (the worker's bounce ring drained), long tasks overlapped reads
-/// and copies for longer: hot, 4 GiB into an H200 (`benchmarks/gpu_sweep.py --plan hot`), fixed
-/// 8 MiB tasks 46.5 GiB/s, 32 MiB 48.3–48.4, 128 MiB 48.7–48.9; 8 GiB
-/// (`benchmarks/gpu_compare.py`), guided 48.32, fixed 128 MiB 48.44. Reads now keep the ring
-/// running from one task to the next (49.04 guided); guided tasks still let threads finish
-/// together and keep per-task overhead low.
+/// Used for transfers between a file and GPU memory: long tasks keep a worker's reads and
+/// copies overlapping with little per-task overhead, and the short last ones let the threads
+/// finish together (measured against fixed sizes on the H200: benchmarks/RESULTS.md).
 pub fn split_guided(
     offset: u64,
     len: usize,

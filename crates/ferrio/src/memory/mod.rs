@@ -92,22 +92,14 @@
 //! record has completed (no wait), else records if needed and makes the thief wait on the
 //! device. **The default, `OnSteal`, makes no driver call on the free path at all**, because:
 //!
-//! - Driver calls are not cheap under threads. Measured on an H200 (driver 580, CUDA 13,
-//!   `benchmarks/memory_pool/event_cost.c`), one call's cost with 1 / 4 / 16 threads calling
-//!   at once: `cuEventRecord` 0.14 / 0.87 / 3.7 µs, `cuEventQuery` 0.13 / 1.1 / 5.8 µs
-//!   (up to 14 µs on busy streams), `cuStreamWaitEvent` 0.10 / 1.0 / 3.0 µs. A pool
-//!   allocate + free pair costs 0.25–0.4 µs per thread (`examples/pool_contention.rs`), so
-//!   recording on every free (RMM's choice) would double the cost of a free with one thread
-//!   and make it ten times dearer or more with sixteen.
-//! - Steals are rare. In the benchmark's workloads (16 cores), steals per 1000 allocations
-//!   were 0.04–0.3 with a stream per thread, 0.1–2.5 with threads rotating over streams, and
-//!   even with every block freed on a "sink" stream no one allocates on (every allocation
-//!   must come from another stream) `OnSteal` recorded 0.7–9 events per 1000 allocations,
-//!   because one record covers every block freed before it.
-//! - With each emulated call costing 3 µs (the 16-thread driver cost), `EveryFree` fell to
-//!   0.53 / 1.8 M allocations/s (4 / 16 threads, rotating) against 2.1 / 4.2 M for `OnSteal`,
-//!   and to 0.12 M against 0.42–0.44 M in the sink workload. `EveryNthFree(16)` came out
-//!   between (1.7 / 5.2 M rotating, 0.29–0.42 M sink).
+//! - Driver calls are not cheap under threads: an event record, query or wait costs several
+//!   times a whole pool allocate + free pair once sixteen threads call at once, so recording
+//!   on every free (RMM's choice) would make frees many times dearer
+//!   (`benchmarks/memory_pool/event_cost.c`; numbers in `benchmarks/memory_pool/RESULTS.md`).
+//! - Steals are rare, and one record covers every block freed before it, so `OnSteal`
+//!   records a few events per thousand allocations even when every allocation must steal.
+//! - With driver-like call costs emulated, `EveryFree` allocated several times slower than
+//!   `OnSteal`, and `EveryNthFree(16)` came out between (same RESULTS page).
 //!
 //! The price of recording late is that a late record also covers work enqueued after the
 //! free, so a thief may wait on the device longer than it had to. No workload above produced
