@@ -108,3 +108,34 @@ fn classify_tells_host_from_device() {
         );
     }
 }
+
+/// A child made by `fork` after the parent used CUDA gets a clear error, not a hang or a crash
+/// (CUDA does not survive `fork`); host I/O in the child is unaffected.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
+fn a_forked_child_is_refused_cuda_with_the_reason() {
+    require_cuda!();
+    let buf = DeviceBuffer::new(0, 4096, false).expect("alloc in the parent");
+    // SAFETY: the child reads the driver table's OnceLock (already set, so no lock is taken),
+    // builds an error (glibc's malloc is fork-safe) and leaves with _exit; it touches nothing
+    // another thread could have held at the fork.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let ok = match cuda::available() {
+            Err(Error::CudaUnavailable { reason }) => reason.contains("fork"),
+            _ => false,
+        };
+        // SAFETY: _exit ends the child without running the parent's destructors or atexit.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child made above; `status` is writable.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child did not get a CudaUnavailable error naming fork (status {status})"
+    );
+    assert!(cuda::available().is_ok(), "the parent still has CUDA");
+    drop(buf);
+}

@@ -173,6 +173,9 @@ pub(crate) struct Driver {
     pub(crate) version: c_int,
     /// Number of devices `cuDeviceGetCount` reported (at least 1).
     pub(crate) device_count: c_int,
+    /// The process that initialised the driver. A child made by `fork` inherits this table but
+    /// not a usable driver (CUDA does not survive `fork`), so it is refused there.
+    pid: u32,
 }
 
 // SAFETY: `Api` holds plain function pointers into the driver library, which stays loaded for
@@ -187,12 +190,21 @@ static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
 ///
 /// The outcome is decided once per process: a driver that failed to load is not retried.
 pub(crate) fn get() -> Result<&'static Driver> {
-    DRIVER
+    let driver = DRIVER
         .get_or_init(load)
         .as_ref()
         .map_err(|reason| Error::CudaUnavailable {
             reason: reason.clone(),
-        })
+        })?;
+    if driver.pid != std::process::id() {
+        return Err(Error::CudaUnavailable {
+            reason: "CUDA was initialised in the parent of this forked process, and CUDA does \
+                     not survive fork(): start workers with the 'spawn' or 'forkserver' method, \
+                     or use the GPU only in the children"
+                .into(),
+        });
+    }
+    Ok(driver)
 }
 
 fn load() -> std::result::Result<Driver, String> {
@@ -221,6 +233,7 @@ fn load() -> std::result::Result<Driver, String> {
         api,
         version: 0,
         device_count: 0,
+        pid: std::process::id(),
     };
     // SAFETY: cuInit takes flags that must be 0 and may be called any number of times.
     let code = unsafe { (driver.api.init)(0) };
