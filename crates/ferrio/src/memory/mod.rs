@@ -131,8 +131,11 @@ mod cuda;
 #[cfg(any(test, feature = "testing"))]
 pub mod emulated;
 mod local;
+mod options;
 mod order;
 mod pool;
+mod stats;
+mod stream_list;
 mod upstream;
 
 #[cfg(test)]
@@ -143,6 +146,8 @@ pub use cuda::{
 };
 #[cfg(any(test, feature = "testing"))]
 pub use emulated::{EmulatedCalls, EmulatedEvent, EmulatedOp, EmulatedStream, EmulatedStreams};
+pub use options::{EventPolicy, PoolOptions};
 pub use order::{StreamId, StreamOrder};
-pub use pool::{Block, EventPolicy, PoolOptions, PoolResource, PoolStats, StreamStats};
+pub use pool::{Block, PoolResource};
+pub use stats::{PoolStats, StreamStats};
 pub use upstream::{HostUpstream, MemoryKind, Upstream};

@@ -1,22 +1,29 @@
-//! [`PoolResource`]: the stream-ordered pool itself. See the module docs of
-//! [`crate::memory`] for the design, the lock order and the event strategy.
+//! [`PoolResource`]: the stream-ordered pool itself: its state (the stream map, the chunk
+//! table, the counters), the public calls (allocate, deallocate, detach, consolidate, stats),
+//! a stream's own list found through the per-thread cache, and the in-use accounting. The
+//! cross-stream hand-over is in `pool/steal.rs`, the growth from the upstream in
+//! `pool/grow.rs`, one stream's list in `stream_list.rs`; options and stats types live in
+//! `options.rs` and `stats.rs`. See the module docs of [`crate::memory`] for the design, the
+//! lock order and the event strategy.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{
-    Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
-};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::blocks::{Chunk, ChunkId, ChunkTable, FreeBlock, FreeBlocks};
+use super::blocks::{ChunkId, ChunkTable, FreeBlock};
 use super::local;
+use super::options::{EventPolicy, PoolOptions};
 use super::order::{StreamId, StreamOrder};
-use super::upstream::{MemoryKind, Upstream};
+use super::stats::{PoolStats, StreamStats};
+use super::stream_list::{bump, lock, ListState, StreamList};
+use super::upstream::Upstream;
 use crate::error::{Error, Result};
 
-/// How many best-fit candidates a steal looks at for one that is already safe to hand over.
-const SAFE_FIT_PROBES: usize = 16;
+mod grow;
+mod steal;
+
+use grow::NoGrowth;
 
 /// The `seq` of a free block that every stream may take without ordering: memory fresh from
 /// the upstream, or the rest of a block whose stream's event had completed.
@@ -28,108 +35,6 @@ const STATS_SLACK_BYTES: isize = 1 << 20;
 
 /// Source of the pools' unique numbers (the key of the per-thread caches).
 static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
-
-/// When the pool records the per-stream event that lets other streams reuse a freed block.
-///
-/// See "Events" in the [module docs](crate::memory) for the measurements behind the default.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum EventPolicy {
-    /// Record only when another stream is about to take one of the stream's blocks and the
-    /// last record does not cover it yet. Frees make no driver call at all.
-    #[default]
-    OnSteal,
-    /// Record after every free (what RMM's pool does): steals find blocks already covered,
-    /// at the price of one `cuEventRecord` per free.
-    EveryFree,
-    /// Record after every n-th free on a stream; blocks freed since are recorded on steal.
-    EveryNthFree(NonZeroU32),
-}
-
-/// How a [`PoolResource`] is sized and aligned. Build with [`PoolOptions::default`] and the
-/// setters.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PoolOptions {
-    alignment: usize,
-    initial_bytes: usize,
-    grow_bytes: usize,
-    max_bytes: Option<usize>,
-    event_policy: EventPolicy,
-}
-
-impl Default for PoolOptions {
-    fn default() -> Self {
-        PoolOptions {
-            alignment: PoolOptions::DEFAULT_ALIGNMENT,
-            initial_bytes: 0,
-            grow_bytes: PoolOptions::DEFAULT_GROW_BYTES,
-            max_bytes: None,
-            event_policy: EventPolicy::default(),
-        }
-    }
-}
-
-impl PoolOptions {
-    /// Default alignment of every block: 256 bytes, what `cuMemAlloc` guarantees and what
-    /// vectorized device loads want.
-    pub const DEFAULT_ALIGNMENT: usize = 256;
-    /// Default size of each upstream allocation when the pool grows: 32 MiB, so a pool makes
-    /// few upstream calls (each `cuMemAlloc` may synchronize the device) without holding much
-    /// more than it needs.
-    pub const DEFAULT_GROW_BYTES: usize = 32 << 20;
-
-    /// Every block's address and size are multiples of `bytes` (a power of two).
-    pub fn alignment(mut self, bytes: usize) -> Self {
-        self.alignment = bytes;
-        self
-    }
-
-    /// Bytes taken from the upstream when the pool is created (default 0).
-    pub fn initial_bytes(mut self, bytes: usize) -> Self {
-        self.initial_bytes = bytes;
-        self
-    }
-
-    /// Smallest upstream allocation when the pool grows (a larger request gets its own size).
-    pub fn grow_bytes(mut self, bytes: usize) -> Self {
-        self.grow_bytes = bytes;
-        self
-    }
-
-    /// Most bytes the pool may take from its upstream in all (`None`: no limit).
-    pub fn max_bytes(mut self, bytes: Option<usize>) -> Self {
-        self.max_bytes = bytes;
-        self
-    }
-
-    /// When to record the events that order cross-stream reuse.
-    pub fn event_policy(mut self, policy: EventPolicy) -> Self {
-        self.event_policy = policy;
-        self
-    }
-
-    fn validate(&self) -> Result<()> {
-        let bad = |what: String| Err(Error::InvalidArgument(format!("pool options: {what}")));
-        if !self.alignment.is_power_of_two() {
-            return bad(format!(
-                "alignment {} is not a power of two",
-                self.alignment
-            ));
-        }
-        if self.grow_bytes == 0 {
-            return bad("grow_bytes is 0".to_string());
-        }
-        if let Some(max) = self.max_bytes {
-            if self.initial_bytes > max {
-                return bad(format!(
-                    "initial_bytes {} is above max_bytes {max}",
-                    self.initial_bytes
-                ));
-            }
-        }
-        Ok(())
-    }
-}
 
 /// A block handed out by [`PoolResource::allocate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -155,203 +60,14 @@ impl Block {
     }
 }
 
-/// Counters of one stream's use of the pool.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StreamStats {
-    /// The stream.
-    pub stream: StreamId,
-    /// Whether the pool still holds the stream's handle (false after
-    /// [`detach_stream`](PoolResource::detach_stream), and for memory no stream used yet).
-    pub attached: bool,
-    /// Blocks allocated on the stream.
-    pub allocations: u64,
-    /// Blocks freed on the stream.
-    pub frees: u64,
-    /// Blocks the stream took from other streams' free lists.
-    pub steals: u64,
-    /// Blocks other streams took from this stream's free list.
-    pub stolen: u64,
-    /// Device-side waits enqueued on this stream to order it after another stream.
-    pub waits: u64,
-    /// Events recorded on this stream.
-    pub records: u64,
-    /// Free blocks now in the stream's list.
-    pub free_blocks: usize,
-    /// Free bytes now in the stream's list.
-    pub free_bytes: usize,
-}
-
-/// A snapshot of a pool's use. Counters of different streams are read one after the other, so
-/// under concurrent use the totals are approximate.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PoolStats {
-    /// The upstream's kind of memory.
-    pub memory: MemoryKind,
-    /// Alignment of every block.
-    pub alignment: usize,
-    /// Bytes taken from the upstream.
-    pub pool_bytes: usize,
-    /// Bytes handed out and not yet freed (the sum over streams, exact when no call is under
-    /// way).
-    pub in_use_bytes: usize,
-    /// The most `in_use_bytes` has been, within 1 MiB per stream: streams add their changes
-    /// to the pool-wide total only once they reach 1 MiB, so that the fast path writes no
-    /// shared counter (see the [module docs](crate::memory)).
-    pub peak_in_use_bytes: usize,
-    /// Bytes in free lists.
-    pub free_bytes: usize,
-    /// The largest free block.
-    pub largest_free_block: usize,
-    /// Upstream allocations held.
-    pub chunks: usize,
-    /// The limit on `pool_bytes`, if any.
-    pub max_bytes: Option<usize>,
-    /// One entry per stream the pool knows, by id.
-    pub streams: Vec<StreamStats>,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    steals: AtomicU64,
-    stolen: AtomicU64,
-    waits: AtomicU64,
-    records: AtomicU64,
-}
-
-fn bump(counter: &AtomicU64) -> u64 {
-    counter.fetch_add(1, Ordering::Relaxed) + 1
-}
-
-/// The mutable part of a stream's free list, under its lock.
-struct ListState<S: StreamOrder> {
-    /// The handle events are recorded on; `None` once detached (and for fresh memory).
-    stream: Option<S::Stream>,
-    /// Set (under the map's write lock) when the list was taken out of the map; a thread that
-    /// still finds it in its cache must look again.
-    removed: bool,
-    free: FreeBlocks,
-    /// Blocks handed out on this stream.
-    allocations: u64,
-    /// Blocks freed on this stream.
-    frees: u64,
-    /// Bytes handed out on this stream minus bytes freed on it (negative when blocks are
-    /// freed on another stream than the one they were allocated on).
-    in_use: isize,
-    /// The part of `in_use` not yet added to the pool-wide total.
-    unflushed: isize,
-    /// Stamps frees (and blocks arriving from other lists); a block's `seq` is the value
-    /// after the stamp.
-    free_seq: u64,
-    /// The event's latest record covers every block with `seq <= covered_seq`.
-    covered_seq: u64,
-    /// Whether that record has been seen complete (then no wait is needed at all).
-    covered_done: bool,
-}
-
-impl<S: StreamOrder> ListState<S> {
-    /// An empty list for `stream` (`None`: memory no stream has used).
-    fn new(stream: Option<S::Stream>) -> Self {
-        ListState {
-            stream,
-            removed: false,
-            free: FreeBlocks::default(),
-            allocations: 0,
-            frees: 0,
-            in_use: 0,
-            unflushed: 0,
-            free_seq: 0,
-            covered_seq: 0,
-            covered_done: true,
-        }
-    }
-
-    /// Stamps a new free.
-    fn next_seq(&mut self) -> u64 {
-        self.free_seq += 1;
-        self.free_seq
-    }
-
-    /// Records the list's event on its stream now, covering every block in the list.
-    fn record(&mut self, order: &S, list: &StreamList<S>) -> Result<bool> {
-        let Some(stream) = &self.stream else {
-            // Detached: the record made at detach already covers every block.
-            return Ok(false);
-        };
-        order.record(list.event(order)?, stream)?;
-        self.covered_seq = self.free_seq;
-        self.covered_done = false;
-        bump(&list.counters.records);
-        Ok(true)
-    }
-
-    /// Whether the latest record has completed, asking the driver if not yet known.
-    fn covered_complete(&mut self, order: &S, list: &StreamList<S>) -> Result<bool> {
-        if !self.covered_done && order.is_complete(list.event(order)?)? {
-            self.covered_done = true;
-        }
-        Ok(self.covered_done)
-    }
-}
-
-/// One stream's free list. Aligned to 128 bytes (two cache lines, the prefetch pair), so that
-/// the lists of streams used by different threads never share a cache line.
-#[repr(align(128))]
-pub(crate) struct StreamList<S: StreamOrder> {
-    id: StreamId,
-    /// Made at the list's first record (most streams are never stolen from, so most lists
-    /// never need one: a stream's first allocation makes no driver call), recorded again and
-    /// again, dropped with the list.
-    event: OnceLock<S::Event>,
-    counters: Counters,
-    state: Mutex<ListState<S>>,
-}
-
-impl<S: StreamOrder> StreamList<S> {
-    /// An empty list; `stream` is `None` for fresh memory.
-    fn new(id: StreamId, stream: Option<S::Stream>) -> StreamList<S> {
-        StreamList {
-            id,
-            event: OnceLock::new(),
-            counters: Counters::default(),
-            state: Mutex::new(ListState::new(stream)),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, ListState<S>> {
-        lock(&self.state)
-    }
-
-    /// The list's event, made on first use. Called with the list's lock held, so only one
-    /// thread makes it.
-    fn event(&self, order: &S) -> Result<&S::Event> {
-        if let Some(e) = self.event.get() {
-            return Ok(e);
-        }
-        let made = order.create_event()?;
-        Ok(self.event.get_or_init(|| made))
-    }
-}
-
-/// Takes a lock whose holder panicked as well: every critical section of the pool leaves the
-/// free lists consistent between statements, so a panic (a bug) loses no more than its block.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
+/// Reads a lock whose holder panicked as well (see [`lock`]).
 fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     m.read().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Writes a lock whose holder panicked as well (see [`lock`]).
 fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     m.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Why the pool could not grow.
-enum NoGrowth {
-    Limit,
-    Upstream(Error),
 }
 
 /// A stream-ordered pool of memory from an upstream `U`, ordered across streams by `S`.
@@ -727,48 +443,6 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         Block { addr, size: bytes }
     }
 
-    /// Hands out the last `bytes` of `b`, a chunk just grown, on `own` and puts the rest in
-    /// the fresh list, where every stream takes from it without ordering. Kept out of the
-    /// grower's own list so that the grower's frees never merge into it: a merged block would
-    /// carry the grower's `seq`, and the next stream to take from it would have to wait on
-    /// the device for the grower's work.
-    fn place_grown(&self, own: &StreamList<S>, b: FreeBlock, bytes: usize) -> Result<Block> {
-        let rest = b.size - bytes;
-        if rest > 0 {
-            self.add_fresh(FreeBlock { size: rest, ..b })?;
-        }
-        let mut st = own.lock();
-        self.handed_out(&mut st, bytes);
-        Ok(Block {
-            addr: b.addr + rest,
-            size: bytes,
-        })
-    }
-
-    /// Puts `b`, memory no stream has used, in the fresh list (made again if it was pruned).
-    fn add_fresh(&self, b: FreeBlock) -> Result<()> {
-        loop {
-            let found = read(&self.streams).get(&StreamId::FRESH).cloned();
-            let list = match found {
-                Some(list) => list,
-                None => {
-                    let mut map = write(&self.streams);
-                    Arc::clone(
-                        map.entry(StreamId::FRESH)
-                            .or_insert_with(|| Arc::new(StreamList::new(StreamId::FRESH, None))),
-                    )
-                }
-            };
-            let mut st = list.lock();
-            if st.removed {
-                continue;
-            }
-            let inserted = st.free.insert(b);
-            debug_assert!(inserted.is_ok(), "fresh memory overlaps: {inserted:?}");
-            return Ok(());
-        }
-    }
-
     /// Counts an allocation of `bytes` on the list `st`.
     fn handed_out(&self, st: &mut ListState<S>, bytes: usize) {
         st.allocations += 1;
@@ -862,161 +536,6 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         Ok(list)
     }
 
-    /// Takes one block of at least `bytes` from another stream's list, ordering `stream` after
-    /// it. Prefers blocks that are already safe for every stream (their stream's last event
-    /// has completed), then any block, recording the other stream's event if needed.
-    fn steal(
-        &self,
-        own: &Arc<StreamList<S>>,
-        stream: &S::Stream,
-        bytes: usize,
-    ) -> Result<Option<FreeBlock>> {
-        let mut others = self.other_lists(own.id);
-        // The fresh list first: its memory costs no driver call and no device wait.
-        let (mut order, rest): (Vec<_>, Vec<_>) =
-            others.drain(..).partition(|l| l.id == StreamId::FRESH);
-        // Thieves start at different victims, so they do not all queue on the same list.
-        let start = (own.id.get() as usize) % rest.len().max(1);
-        order.extend(rest[start..].iter().chain(&rest[..start]).cloned());
-        let others: Vec<_> = order.iter().collect();
-        // Pass 1: a block safe for every stream (never used, or its free is covered by a
-        // completed event): no device wait, and what is left of it stays safe for everyone.
-        // Fresh memory needs no driver call; the event is queried only if it would help.
-        for &victim in &others {
-            let mut st = victim.lock();
-            if st.removed || st.free.largest() < bytes {
-                continue;
-            }
-            let mut at = st
-                .free
-                .find_fit_before(bytes, SAFE_FOR_ALL, SAFE_FIT_PROBES);
-            if at.is_none() && st.covered_seq > SAFE_FOR_ALL {
-                let covered = st.covered_seq;
-                let candidate = st.free.find_fit_before(bytes, covered, SAFE_FIT_PROBES);
-                if candidate.is_some() && st.covered_complete(&self.order, victim)? {
-                    at = candidate;
-                }
-            }
-            // Only `bytes` of it: the rest stays where it is, safe as it was, instead of
-            // moving with the thief (where its frees would merge into it and make it unsafe).
-            let Some(mut b) = at.and_then(|addr| st.free.carve(addr, bytes)) else {
-                continue;
-            };
-            b.seq = SAFE_FOR_ALL;
-            bump(&victim.counters.stolen);
-            let prune = st.stream.is_none() && st.free.is_empty();
-            drop(st);
-            if prune {
-                self.prune(victim);
-            }
-            return Ok(Some(b));
-        }
-        // Pass 2: any block, with `stream` waiting on the victim's event on the device.
-        for &victim in &others {
-            let mut st = victim.lock();
-            if st.removed {
-                continue;
-            }
-            let Some(b) = st.free.carve_best_fit(bytes) else {
-                continue;
-            };
-            if let Err(e) = self.order_after(&mut st, victim, own, stream, b.seq) {
-                let back = st.free.insert(b);
-                debug_assert!(back.is_ok());
-                return Err(e);
-            }
-            bump(&victim.counters.stolen);
-            let prune = st.stream.is_none() && st.free.is_empty();
-            drop(st);
-            if prune {
-                self.prune(victim);
-            }
-            return Ok(Some(b));
-        }
-        Ok(None)
-    }
-
-    /// Makes `stream` (whose list is `own`) ordered after every free on `victim` up to `seq`:
-    /// records `victim`'s event if its last record is older than `seq`, then waits on it on
-    /// the device unless it has completed. Called under `victim`'s lock (`st`): `record`,
-    /// `is_complete` and `wait` only enqueue or inspect, and holding the lock keeps a
-    /// concurrent record from making the event stand for less than we checked.
-    fn order_after(
-        &self,
-        st: &mut ListState<S>,
-        victim: &StreamList<S>,
-        own: &StreamList<S>,
-        stream: &S::Stream,
-        seq: u64,
-    ) -> Result<()> {
-        if seq == SAFE_FOR_ALL {
-            return Ok(());
-        }
-        if seq > st.covered_seq {
-            st.record(&self.order, victim)?;
-        }
-        if !st.covered_complete(&self.order, victim)? {
-            self.order.wait(stream, victim.event(&self.order)?)?;
-            bump(&own.counters.waits);
-        }
-        Ok(())
-    }
-
-    /// Moves every other list's blocks into `own`, ordering `stream` after each list.
-    fn gather(&self, own: &Arc<StreamList<S>>, stream: &S::Stream) -> Result<()> {
-        for victim in self.other_lists(own.id) {
-            let mut st = victim.lock();
-            if st.removed || st.free.is_empty() {
-                continue;
-            }
-            let newest = st.free.newest_seq();
-            self.order_after(&mut st, &victim, own, stream, newest)?;
-            let blocks = st.free.drain();
-            victim
-                .counters
-                .stolen
-                .fetch_add(blocks.len() as u64, Ordering::Relaxed);
-            let prune = st.stream.is_none();
-            drop(st);
-            if prune {
-                self.prune(&victim);
-            }
-            let mut own_st = own.lock();
-            let seq = own_st.next_seq();
-            for mut b in blocks {
-                if b.seq != SAFE_FOR_ALL {
-                    b.seq = seq;
-                }
-                let moved = own_st.free.insert(b);
-                debug_assert!(moved.is_ok(), "gathered block overlaps: {moved:?}");
-            }
-        }
-        Ok(())
-    }
-
-    /// Every list but `id`'s (a snapshot: the map lock is released before any list lock).
-    fn other_lists(&self, id: StreamId) -> Vec<Arc<StreamList<S>>> {
-        read(&self.streams)
-            .iter()
-            .filter(|(k, _)| **k != id)
-            .map(|(_, v)| Arc::clone(v))
-            .collect()
-    }
-
-    /// Drops a detached list that ran empty from the map (map lock, then list lock).
-    fn prune(&self, list: &Arc<StreamList<S>>) {
-        let mut map = write(&self.streams);
-        let mut st = list.lock();
-        let same = map.get(&list.id).is_some_and(|l| Arc::ptr_eq(l, list));
-        if same && !st.removed && st.stream.is_none() && st.free.is_empty() {
-            st.removed = true;
-            self.flush(&mut st);
-            self.in_use_retired
-                .fetch_add(std::mem::take(&mut st.in_use), Ordering::Relaxed);
-            map.remove(&list.id);
-        }
-    }
-
     /// The chunk that holds `[addr, addr + bytes)` and, if this thread has it cached, the
     /// list of stream `id`, in one visit to the thread's cache. The chunk comes from the
     /// thread's snapshot of the chunk table (refreshed when the pool has grown since), or from
@@ -1043,72 +562,6 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                 other.and_then(|(_, list)| list),
             ),
         }
-    }
-
-    /// Takes a new chunk of at least `bytes` from the upstream: `grow_bytes` if that fits
-    /// under the limit, else what room is left, else exactly `bytes`.
-    fn grow(&self, bytes: usize) -> Result<Chunk, NoGrowth> {
-        let want = bytes.max(self.options.grow_bytes);
-        let mut sizes = vec![want];
-        if let Some(max) = self.options.max_bytes {
-            let room = max.saturating_sub(self.pool_bytes.load(Ordering::Relaxed));
-            let room = room - room % self.align();
-            if room < want && room > bytes {
-                sizes.push(room);
-            }
-        }
-        if want > bytes {
-            sizes.push(bytes);
-        }
-        let mut last = NoGrowth::Limit;
-        for size in sizes {
-            match self.grow_exactly(size) {
-                Ok(chunk) => return Ok(chunk),
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
-    }
-
-    /// Takes one chunk of exactly `bytes` from the upstream. The bytes are reserved under the
-    /// limit first, so concurrent growers never overshoot it; no lock is held meanwhile.
-    fn grow_exactly(&self, bytes: usize) -> Result<Chunk, NoGrowth> {
-        let max = self.options.max_bytes.unwrap_or(usize::MAX);
-        let reserved = self
-            .pool_bytes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
-                cur.checked_add(bytes).filter(|&n| n <= max)
-            });
-        if reserved.is_err() {
-            return Err(NoGrowth::Limit);
-        }
-        let align = self.align();
-        let addr = match self.upstream.allocate(bytes, align) {
-            Ok(addr) if addr % align == 0 && addr.checked_add(bytes).is_some() => addr,
-            Ok(addr) => {
-                // SAFETY: `addr` was just returned by `allocate(bytes, align)` and is unused.
-                let _ = unsafe { self.upstream.deallocate(addr, bytes, align) };
-                self.pool_bytes.fetch_sub(bytes, Ordering::Relaxed);
-                return Err(NoGrowth::Upstream(Error::InvalidArgument(format!(
-                    "upstream returned {addr:#x} for {bytes} bytes aligned to {align}"
-                ))));
-            }
-            Err(e) => {
-                self.pool_bytes.fetch_sub(bytes, Ordering::Relaxed);
-                return Err(NoGrowth::Upstream(e));
-            }
-        };
-        let chunk = Chunk {
-            id: self.next_chunk.fetch_add(1, Ordering::Relaxed),
-            addr,
-            size: bytes,
-        };
-        {
-            let mut table = write(&self.chunks);
-            *table = Arc::new(table.with(chunk));
-        }
-        self.chunk_gen.fetch_add(1, Ordering::Release);
-        Ok(chunk)
     }
 
     fn out_of_memory(&self, size: usize, stream: StreamId, why: &str) -> Error {
@@ -1150,7 +603,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
     }
 
     /// Every chunk, in address order.
-    pub(crate) fn chunk_list(&self) -> Vec<Chunk> {
+    pub(crate) fn chunk_list(&self) -> Vec<super::blocks::Chunk> {
         read(&self.chunks).iter().copied().collect()
     }
 }
