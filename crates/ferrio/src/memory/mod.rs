@@ -49,7 +49,8 @@
 //!   event has completed: one `cuEventQuery`), else any, with a device wait; the rest of the
 //!   block stays where it was, as safe as it was. (Taking the whole block made the H200's
 //!   multi-stream kernel scenario pass the whole pool from stream to stream, each hand-over
-//!   a device wait on the previous stream's kernel: 27% overlap against RMM's 103%.) Then
+//!   a device wait on the previous stream's kernel, and GPU overlap collapsed: see the first
+//!   H200 run in `benchmarks/memory_pool/RESULTS.md`.) Then
 //!   grow from the upstream; only then gather every list into the own list and coalesce, and
 //!   if that still does not fit, return [`Error::OutOfMemory`](crate::Error::OutOfMemory).
 //! - **Growth** reserves the bytes against the limit with a compare-and-swap, then calls the
