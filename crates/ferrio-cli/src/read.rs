@@ -1,16 +1,33 @@
 //! `ferrio read PATH...`: reads files in parallel into host memory.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
 
 use crate::progress::Progress;
-use crate::{check_interrupt, existing, gibps, out, IoFlags};
+use crate::{check_interrupt, existing, gibps, out, wait_polled, IoFlags};
 
-/// Host memory used per file: files larger than this are read in windows of this size.
-const WINDOW: u64 = 1 << 30;
+/// Windows in flight per file: the next is already queued on the pool when one completes, so
+/// the workers never drain between windows.
+const WINDOWS_PER_FILE: usize = 2;
+
+/// The largest window: enough tasks per window to keep a fast device's queue full.
+const MAX_WINDOW: u64 = 128 << 20;
+
+/// The smallest window when many files share the budget.
+const MIN_WINDOW: u64 = 8 << 20;
+
+/// Host memory for the windows of all files together: a read of many or huge files must fit in
+/// a small machine (or cgroup) rather than be killed for memory.
+const BUDGET: u64 = 512 << 20;
+
+/// Windows are a multiple of this, so that each window's offset suits `O_DIRECT`.
+const WINDOW_ALIGN: u64 = 1 << 20;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -31,10 +48,10 @@ struct Outcome {
 }
 
 pub(crate) fn run(a: Args) -> anyhow::Result<()> {
+    let settings = a.io.settings()?;
     for p in &a.paths {
         existing(p)?;
     }
-    let settings = a.io.settings();
     let files = a
         .paths
         .iter()
@@ -47,21 +64,41 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
                 .open(p, "r")
         })
         .collect::<ferrio::Result<Vec<_>>>()?;
-    let total: u64 = files.iter().map(|f| f.len()).sum::<ferrio::Result<u64>>()?;
-    // Buffers are allocated and touched before the clock starts: page faults on fresh memory
-    // are the allocator's cost, not the read's.
-    let mut buffers: Vec<Vec<u8>> = files
+    let lens = files
         .iter()
-        .map(|f| Ok(prefaulted(f.len()?.min(WINDOW) as usize)))
-        .collect::<ferrio::Result<_>>()?;
+        .map(|f| f.len())
+        .collect::<ferrio::Result<Vec<u64>>>()?;
+    let total: u64 = lens.iter().sum();
+    let (window, at_once) = plan(&lens);
+    // Buffers are allocated and touched before the clock starts: page faults on fresh memory
+    // are the allocator's cost, not the read's. Each reader owns its windows and reuses them
+    // from file to file.
+    let mut windows_of: Vec<Vec<Vec<u8>>> = Vec::with_capacity(at_once);
+    for _ in 0..at_once {
+        let mut w = Vec::with_capacity(WINDOWS_PER_FILE);
+        for _ in 0..WINDOWS_PER_FILE {
+            w.push(prefaulted(window)?);
+        }
+        windows_of.push(w);
+    }
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<anyhow::Result<Outcome>>>> =
+        Mutex::new(files.iter().map(|_| None).collect());
     let cpu0 = ferrio::sys::process_cpu_seconds();
     let t0 = Instant::now();
     let mut progress = Progress::new("read", total, a.io.json);
-    let outcomes = std::thread::scope(|s| {
-        let handles: Vec<_> = files
-            .iter()
-            .zip(buffers.iter_mut())
-            .map(|(f, buf)| s.spawn(move || read_one(f, buf)))
+    std::thread::scope(|s| {
+        let handles: Vec<_> = windows_of
+            .iter_mut()
+            .map(|bufs| {
+                let (files, next, results) = (&files, &next, &results);
+                s.spawn(move || loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(f) = files.get(i) else { break };
+                    let r = read_one(f, bufs);
+                    results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(r);
+                })
+            })
             .collect();
         loop {
             let done = handles.iter().all(|h| h.is_finished());
@@ -75,16 +112,15 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
             if done {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(25));
         }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("reader thread panicked")))
-            })
-            .collect::<anyhow::Result<Vec<Outcome>>>()
-    })?;
+    });
+    let outcomes = results
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("reader thread panicked"))))
+        .collect::<anyhow::Result<Vec<Outcome>>>()?;
     drop(progress);
     let secs = t0.elapsed().as_secs_f64();
     let cpu = ferrio::sys::process_cpu_seconds() - cpu0;
@@ -122,34 +158,87 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A zeroed buffer whose pages are all mapped.
-fn prefaulted(len: usize) -> Vec<u8> {
-    let mut buf = vec![0u8; len];
-    for i in (0..len).step_by(4096) {
-        buf[i] = 1;
-    }
-    buf
+/// The window size and how many files are read at once, so that at most [`BUDGET`] bytes of
+/// windows exist: every file at once with windows of up to [`MAX_WINDOW`] when that fits,
+/// else windows of [`MIN_WINDOW`] and as many files at a time as the budget allows.
+fn plan(lens: &[u64]) -> (usize, usize) {
+    let per_file = WINDOWS_PER_FILE as u64;
+    let at_once = (lens.len() as u64).clamp(1, BUDGET / (per_file * MIN_WINDOW));
+    let largest = lens.iter().copied().max().unwrap_or(0);
+    let window = (BUDGET / (per_file * at_once))
+        .clamp(MIN_WINDOW, MAX_WINDOW)
+        .min(largest.div_ceil(WINDOW_ALIGN) * WINDOW_ALIGN)
+        .max(WINDOW_ALIGN);
+    (window as usize, at_once as usize)
 }
 
-fn read_one(f: &ferrio::File, buf: &mut [u8]) -> anyhow::Result<Outcome> {
-    let len = f.len()?;
-    let window = buf.len();
-    let t0 = Instant::now();
-    let mut off = 0u64;
-    while off < len {
-        check_interrupt()?;
-        let want = (len - off).min(window as u64) as usize;
-        let n = f
-            .read_at(&mut buf[..want], off)
-            .with_context(|| format!("reading {}", f.path().display()))?;
-        if n == 0 {
-            break; // truncated under us: report what was there
-        }
-        off += n as u64;
+/// A buffer of `len` bytes whose pages are all mapped, or the one-line error the command line
+/// promises when the memory is not there (instead of the allocator's abort).
+fn prefaulted(len: usize) -> anyhow::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    if buf.try_reserve_exact(len).is_err() {
+        anyhow::bail!(
+            "cannot allocate {len} bytes ({}) for a read window: out of memory (try fewer files at once)",
+            ferrio::config::format_size(len as u64)
+        );
     }
+    // Writing the zeros maps every page now, before any clock starts.
+    buf.resize(len, 0);
+    Ok(buf)
+}
+
+/// Reads all of `f` through the windows in `bufs`, [`WINDOWS_PER_FILE`] in flight, reusing them;
+/// stops promptly at Ctrl-C. The windows are handed back in `bufs` when all went well.
+fn read_one(f: &ferrio::File, bufs: &mut Vec<Vec<u8>>) -> anyhow::Result<Outcome> {
+    let len = f.len()?;
+    let window = bufs.first().map_or(0, Vec::len).max(1);
+    let t0 = Instant::now();
+    let mut free: VecDeque<Vec<u8>> = bufs.drain(..).collect();
+    let mut in_flight: VecDeque<(ferrio::IoFuture<Vec<u8>>, usize)> = VecDeque::new();
+    let (mut issued, mut done, mut at_end) = (0u64, 0u64, false);
+    let result = loop {
+        if let Err(e) = check_interrupt() {
+            break Err(e);
+        }
+        if !at_end && issued < len {
+            if let Some(mut buf) = free.pop_front() {
+                let want = (len - issued).min(window as u64) as usize;
+                buf.truncate(want);
+                in_flight.push_back((f.pread(buf, issued), want));
+                issued += want as u64;
+                continue;
+            }
+        }
+        let Some((fut, want)) = in_flight.pop_front() else {
+            break Ok(());
+        };
+        if let Err(e) = wait_polled(&fut) {
+            break Err(e);
+        }
+        let (r, mut buf) = fut.into_buffer();
+        match r.with_context(|| format!("reading {}", f.path().display())) {
+            Ok(n) => {
+                done += n as u64;
+                // Truncated under us: report what was there.
+                at_end |= n < want;
+            }
+            Err(e) => break Err(e),
+        }
+        buf.resize(window, 0);
+        free.push_back(buf);
+    };
+    if result.is_err() {
+        // Stop the windows still queued; dropping them then waits only for running tasks.
+        for (fut, _) in &in_flight {
+            fut.cancel();
+        }
+    }
+    drop(in_flight);
+    result?;
+    bufs.extend(free);
     Ok(Outcome {
         path: f.path().to_path_buf(),
-        bytes: off,
+        bytes: done,
         secs: t0.elapsed().as_secs_f64(),
     })
 }
