@@ -12,22 +12,22 @@ use serde_json::json;
 use crate::progress::Progress;
 use crate::{check_interrupt, existing, gibps, out, wait_polled, IoFlags};
 
-/// Windows in flight per file: the next is already queued on the pool when one completes, so
-/// the workers never drain between windows.
-const WINDOWS_PER_FILE: usize = 2;
-
-/// The largest window: enough tasks per window to keep a fast device's queue full.
-const MAX_WINDOW: u64 = 128 << 20;
-
-/// The smallest window when many files share the budget.
-const MIN_WINDOW: u64 = 8 << 20;
-
 /// Host memory for the windows of all files together: a read of many or huge files must fit in
 /// a small machine (or cgroup) rather than be killed for memory.
 const BUDGET: u64 = 512 << 20;
 
-/// Windows are a multiple of this, so that each window's offset suits `O_DIRECT`.
-const WINDOW_ALIGN: u64 = 1 << 20;
+/// Windows in flight per file: while one is waited on, the next is already queued, so the pool
+/// never drains between windows.
+const WINDOWS_PER_FILE: u64 = 2;
+
+/// The largest window: many tasks per window, so that few requests are queued (the pool serves
+/// queued requests round-robin, task by task: every extra request is another stream for the
+/// device to interleave).
+const MAX_WINDOW: u64 = 128 << 20;
+
+/// The smallest window, when many files share the budget; windows are whole multiples of it,
+/// so that every window starts at an offset that suits `O_DIRECT`.
+const MIN_WINDOW: u64 = 8 << 20;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -69,15 +69,24 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         .map(|f| f.len())
         .collect::<ferrio::Result<Vec<u64>>>()?;
     let total: u64 = lens.iter().sum();
-    let (window, at_once) = plan(&lens);
+    let (window, per_file, at_once) = plan(&lens);
     // Buffers are allocated and touched before the clock starts: page faults on fresh memory
     // are the allocator's cost, not the read's. Each reader owns its windows and reuses them
     // from file to file.
-    let mut windows_of: Vec<Vec<Vec<u8>>> = Vec::with_capacity(at_once);
+    let mut windows_of: Vec<Vec<Window>> = Vec::with_capacity(at_once);
     for _ in 0..at_once {
-        let mut w = Vec::with_capacity(WINDOWS_PER_FILE);
-        for _ in 0..WINDOWS_PER_FILE {
-            w.push(prefaulted(window)?);
+        let mut w = Vec::with_capacity(per_file);
+        for _ in 0..per_file {
+            match prefaulted(window) {
+                Some(b) => w.push(b),
+                None => {
+                    let want = (window * per_file * at_once) as u64;
+                    anyhow::bail!(
+                        "cannot allocate {want} bytes ({}) of read windows: out of memory",
+                        ferrio::config::format_size(want)
+                    );
+                }
+            }
         }
         windows_of.push(w);
     }
@@ -158,43 +167,61 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The window size and how many files are read at once, so that at most [`BUDGET`] bytes of
-/// windows exist: every file at once with windows of up to [`MAX_WINDOW`] when that fits,
+/// The window size, windows per file and files read at once, so that at most [`BUDGET`] bytes
+/// of windows exist: every file at once with windows of up to [`MAX_WINDOW`] when that fits,
 /// else windows of [`MIN_WINDOW`] and as many files at a time as the budget allows.
-fn plan(lens: &[u64]) -> (usize, usize) {
-    let per_file = WINDOWS_PER_FILE as u64;
-    let at_once = (lens.len() as u64).clamp(1, BUDGET / (per_file * MIN_WINDOW));
+fn plan(lens: &[u64]) -> (usize, usize, usize) {
     let largest = lens.iter().copied().max().unwrap_or(0);
-    let window = (BUDGET / (per_file * at_once))
-        .clamp(MIN_WINDOW, MAX_WINDOW)
-        .min(largest.div_ceil(WINDOW_ALIGN) * WINDOW_ALIGN)
-        .max(WINDOW_ALIGN);
-    (window as usize, at_once as usize)
+    let at_once = (lens.len() as u64).clamp(1, BUDGET / (WINDOWS_PER_FILE * MIN_WINDOW));
+    let window = (BUDGET / (WINDOWS_PER_FILE * at_once)).clamp(MIN_WINDOW, MAX_WINDOW) / MIN_WINDOW
+        * MIN_WINDOW;
+    // A small file needs no more than its own length, rounded up to whole pages.
+    let window = window.min(largest.div_ceil(4096).max(1) * 4096);
+    let per_file = WINDOWS_PER_FILE.min(largest.div_ceil(window).max(1));
+    (window as usize, per_file as usize, at_once as usize)
 }
 
-/// A buffer of `len` bytes whose pages are all mapped, or the one-line error the command line
-/// promises when the memory is not there (instead of the allocator's abort).
-fn prefaulted(len: usize) -> anyhow::Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    if buf.try_reserve_exact(len).is_err() {
-        anyhow::bail!(
-            "cannot allocate {len} bytes ({}) for a read window: out of memory (try fewer files at once)",
-            ferrio::config::format_size(len as u64)
-        );
+/// A buffer of `len` bytes whose pages are all mapped, or `None` when the memory is not there
+/// (the caller reports it in one line, instead of the allocator's abort).
+fn prefaulted(len: usize) -> Option<Window> {
+    let mut buf = ferrio::sys::AlignedBuf::new(len, WINDOW_ALIGN)?;
+    // Writing a byte per page maps every page now, before any clock starts (the allocator hands
+    // out zeroed pages that are mapped only when first touched).
+    for i in (0..len).step_by(4096) {
+        buf.as_mut_slice()[i] = 0;
     }
-    // Writing the zeros maps every page now, before any clock starts.
-    buf.resize(len, 0);
-    Ok(buf)
+    Some(Window { buf, len })
 }
 
-/// Reads all of `f` through the windows in `bufs`, [`WINDOWS_PER_FILE`] in flight, reusing them;
+/// Page-aligned window memory (so `O_DIRECT` reads land in it without a copy through scratch
+/// memory), of which the first `len` bytes are read into.
+struct Window {
+    buf: ferrio::sys::AlignedBuf,
+    len: usize,
+}
+
+/// Alignment of window memory: a page suits `O_DIRECT` on every file system.
+const WINDOW_ALIGN: usize = 4096;
+
+// SAFETY: `AlignedBuf` memory never moves while it lives and only `&mut self` reaches it; `len`
+// never exceeds the buffer's length (set only from lengths at most the window size).
+unsafe impl ferrio::IoBufMut for Window {
+    fn io_ptr_mut(&mut self) -> *mut u8 {
+        self.buf.as_mut_ptr()
+    }
+    fn io_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// Reads all of `f` through the windows in `bufs`, all of them in flight, reusing them;
 /// stops promptly at Ctrl-C. The windows are handed back in `bufs` when all went well.
-fn read_one(f: &ferrio::File, bufs: &mut Vec<Vec<u8>>) -> anyhow::Result<Outcome> {
+fn read_one(f: &ferrio::File, bufs: &mut Vec<Window>) -> anyhow::Result<Outcome> {
     let len = f.len()?;
-    let window = bufs.first().map_or(0, Vec::len).max(1);
+    let window = bufs.first().map_or(0, |w| w.buf.len()).max(1);
     let t0 = Instant::now();
-    let mut free: VecDeque<Vec<u8>> = bufs.drain(..).collect();
-    let mut in_flight: VecDeque<(ferrio::IoFuture<Vec<u8>>, usize)> = VecDeque::new();
+    let mut free: VecDeque<Window> = bufs.drain(..).collect();
+    let mut in_flight: VecDeque<(ferrio::IoFuture<Window>, usize)> = VecDeque::new();
     let (mut issued, mut done, mut at_end) = (0u64, 0u64, false);
     let result = loop {
         if let Err(e) = check_interrupt() {
@@ -203,7 +230,7 @@ fn read_one(f: &ferrio::File, bufs: &mut Vec<Vec<u8>>) -> anyhow::Result<Outcome
         if !at_end && issued < len {
             if let Some(mut buf) = free.pop_front() {
                 let want = (len - issued).min(window as u64) as usize;
-                buf.truncate(want);
+                buf.len = want;
                 in_flight.push_back((f.pread(buf, issued), want));
                 issued += want as u64;
                 continue;
@@ -224,7 +251,7 @@ fn read_one(f: &ferrio::File, bufs: &mut Vec<Vec<u8>>) -> anyhow::Result<Outcome
             }
             Err(e) => break Err(e),
         }
-        buf.resize(window, 0);
+        buf.len = window;
         free.push_back(buf);
     };
     if result.is_err() {
