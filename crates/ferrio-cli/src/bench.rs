@@ -2,14 +2,19 @@
 //! with `--compare`, fio and dd run in the same rounds, alternating with ferrio.
 
 use std::io::IsTerminal;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use crate::{check_interrupt, gibps, out, parse_size, IoFlags, UsageError};
+use crate::interrupt::POLL;
+use crate::{
+    check_interrupt, gibps, interrupted, out, parse_size, wait_polled, Interrupted, IoFlags,
+    UsageError,
+};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -100,7 +105,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         .tempdir_in(&a.dir)
         .with_context(|| format!("creating a temporary directory in {}", a.dir.display()))?;
     let path = tmp.path().join("data");
-    let settings = a.io.settings();
+    let settings = a.io.settings()?;
     let human = !a.io.json;
     let say = |msg: &str| {
         if human && std::io::stderr().is_terminal() {
@@ -110,12 +115,16 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
 
     let mut rows = Rows(Vec::new());
     let mut buf = vec![0u8; a.size as usize];
-    // Touch every page so no measurement pays for first-touch page faults.
-    for i in (0..buf.len()).step_by(4096) {
-        buf[i] = 1;
+    // Touch every page so no measurement pays for first-touch page faults; in slices, so that
+    // Ctrl-C is noticed while a large buffer is touched.
+    for chunk in buf.chunks_mut(16 << 20) {
+        check_interrupt()?;
+        for i in (0..chunk.len()).step_by(4096) {
+            chunk[i] = 1;
+        }
     }
     let mut info = None;
-    let mut windows = crate::write::generate(a.size);
+    let mut windows = crate::write::generate(a.size)?;
     for round in 1..=a.rounds {
         check_interrupt()?;
         say(&format!("round {round}/{}: write", a.rounds));
@@ -257,16 +266,25 @@ fn gib(bytes: u64) -> f64 {
     bytes.max(1) as f64 / (1u64 << 30) as f64
 }
 
-fn read_all(f: &ferrio::File, buf: &mut [u8]) -> anyhow::Result<()> {
-    let n = f.read_at(buf, 0)?;
-    if n != buf.len() {
+fn read_all(f: &ferrio::File, buf: &mut Vec<u8>) -> anyhow::Result<()> {
+    let want = buf.len();
+    let (n, back) = read_polled(f, std::mem::take(buf), 0)?;
+    *buf = back;
+    if n != want {
         bail!(
-            "{}: read {n} of {} bytes (file changed during the benchmark?)",
+            "{}: read {n} of {want} bytes (file changed during the benchmark?)",
             f.path().display(),
-            buf.len()
         );
     }
     Ok(())
+}
+
+/// Reads into all of `buf` at `offset`, stopping promptly at Ctrl-C; gives the buffer back.
+fn read_polled(f: &ferrio::File, buf: Vec<u8>, offset: u64) -> anyhow::Result<(usize, Vec<u8>)> {
+    let fut = f.pread(buf, offset);
+    wait_polled(&fut)?;
+    let (n, buf) = fut.into_buffer();
+    Ok((n?, buf))
 }
 
 /// Brings the whole file into the page cache with buffered reads.
@@ -277,12 +295,59 @@ fn warm(path: &Path) -> anyhow::Result<()> {
     let mut buf = vec![0u8; 64 << 20];
     let mut off = 0;
     loop {
-        let n = f.read_at(&mut buf, off)?;
+        let (n, back) = read_polled(&f, buf, off)?;
         if n == 0 {
             return Ok(());
         }
+        buf = back;
         off += n as u64;
     }
+}
+
+/// Runs `cmd` to the end and collects its output, or kills it at Ctrl-C and fails with
+/// [`Interrupted`] (fio and dd can run for many seconds).
+fn output_polled(cmd: &mut Command) -> std::io::Result<Result<Output, Interrupted>> {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    // Drained on their own threads so that a chatty child never blocks on a full pipe.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut p) = pipe {
+                // A read error leaves what was read; the exit status tells what happened.
+                let _ = p.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if interrupted() {
+            // Killing may fail only if it has just exited; it is reaped either way.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(Err(Interrupted));
+        }
+        std::thread::sleep(POLL);
+    };
+    Ok(Ok(Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }))
 }
 
 /// CPU seconds used by waited-for children so far.
@@ -307,7 +372,7 @@ fn fio(path: &Path, size: u64, direct: bool, hot: bool) -> anyhow::Result<Sample
     .arg(format!("--direct={}", u8::from(direct)))
     // fio drops the file's cache itself unless told not to; hot runs must keep it.
     .arg(format!("--invalidate={}", u8::from(!hot)));
-    let output = cmd.stderr(Stdio::piped()).output().context("running fio")?;
+    let output = output_polled(&mut cmd).context("running fio")??;
     if !output.status.success() {
         bail!(
             "fio failed: {}",
@@ -335,7 +400,7 @@ fn dd(path: &Path, size: u64, direct: bool) -> anyhow::Result<Sample> {
         cmd.arg("iflag=direct");
     }
     let t0 = Instant::now();
-    let output = cmd.stderr(Stdio::piped()).output().context("running dd")?;
+    let output = output_polled(&mut cmd).context("running dd")??;
     let secs = t0.elapsed().as_secs_f64();
     if !output.status.success() {
         bail!(

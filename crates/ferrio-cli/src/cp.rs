@@ -91,7 +91,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         .follow_symlinks(a.dereference)
         .sync(a.sync)
         .method(a.method)
-        .settings(a.io.settings())
+        .settings(a.io.settings()?)
         .progress(Arc::clone(&progress));
     if let Some(n) = a.files {
         opts = opts.parallel_files(n);

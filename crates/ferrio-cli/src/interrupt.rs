@@ -6,6 +6,11 @@
 //! (exit status 130). The `ctrlc` crate was not used: it cannot remove its handler.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// How often a wait looks at the Ctrl-C flag: well under the few tenths of a second a person
+/// notices.
+pub(crate) const POLL: Duration = Duration::from_millis(25);
 
 /// The user pressed Ctrl-C (exit status 130).
 #[derive(Debug)]
@@ -33,6 +38,19 @@ pub(crate) fn check_interrupt() -> anyhow::Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// Waits for `fut` while watching for Ctrl-C: on Ctrl-C, cancels it (running tasks finish, the
+/// others never start) and fails with [`Interrupted`]. The caller then cancels whatever else it
+/// has in flight; dropping a future waits for it.
+pub(crate) fn wait_polled<B>(fut: &ferrio::IoFuture<B>) -> anyhow::Result<()> {
+    while !fut.wait_timeout(POLL) {
+        if interrupted() {
+            fut.cancel();
+            return Err(Interrupted.into());
+        }
+    }
+    Ok(())
 }
 
 extern "C" fn on_sigint(_signal: libc::c_int) {

@@ -14,7 +14,7 @@ mod progress;
 mod read;
 mod write;
 
-pub(crate) use interrupt::{check_interrupt, interrupted, Interrupted};
+pub(crate) use interrupt::{check_interrupt, interrupted, wait_polled, Interrupted};
 
 use std::ffi::OsString;
 use std::io::{ErrorKind, Write};
@@ -134,12 +134,6 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is not a size: use e.g. 4194304, 4KiB, 16M, 2GiB"))
 }
 
-/// Parses `off`/`on`/`auto`.
-pub(crate) fn parse_direct(s: &str) -> Result<ferrio::DirectMode, String> {
-    s.parse()
-        .map_err(|_| format!("{s:?} is not one of {}", ferrio::DirectMode::FORMS))
-}
-
 /// Prints a line to stdout, turning a closed pipe into an error [`report`] treats as success.
 pub(crate) fn out(line: &str) -> anyhow::Result<()> {
     let mut o = std::io::stdout().lock();
@@ -148,51 +142,61 @@ pub(crate) fn out(line: &str) -> anyhow::Result<()> {
 }
 
 /// Settings overrides shared by the commands that do I/O. Their help takes each setting's
-/// variable and default from `ferrio::config::SETTINGS`, so it cannot restate them wrongly.
+/// variable and default from `ferrio::config::SETTINGS`, so it cannot restate them wrongly, and
+/// their values go through the same parser as the variables ([`ferrio::Settings::set`]), so a
+/// flag accepts and refuses exactly what its variable does, with the same message.
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct IoFlags {
-    #[arg(long, value_parser = parse_direct, help = setting_help(
+    #[arg(long, value_name = "MODE", help = setting_help(
         "O_DIRECT for reads: off, on or auto",
         "direct_read",
     ))]
-    direct_read: Option<ferrio::DirectMode>,
-    #[arg(long, value_parser = parse_direct, help = setting_help(
+    direct_read: Option<String>,
+    #[arg(long, value_name = "MODE", help = setting_help(
         "O_DIRECT for writes: off, on or auto",
         "direct_write",
     ))]
-    direct_write: Option<ferrio::DirectMode>,
-    #[arg(long, value_parser = parse_size, help = setting_help(
+    direct_write: Option<String>,
+    #[arg(long, value_name = "SIZE", help = setting_help(
         "Bytes per task, e.g. 4MiB",
         "task_size",
     ))]
-    task_size: Option<u64>,
-    #[arg(long, help = setting_help(
+    task_size: Option<String>,
+    #[arg(long, value_name = "N", help = setting_help(
         "Worker threads per device pool, 0 = by device kind",
         "threads_per_device",
     ))]
-    threads: Option<usize>,
+    threads: Option<String>,
     /// Print one JSON object instead of human output
     #[arg(long)]
     json: bool,
 }
 
 impl IoFlags {
-    /// The process settings with these flags applied.
-    fn settings(&self) -> ferrio::Settings {
+    /// The process settings with these flags applied; a bad value is
+    /// [`ferrio::Error::InvalidSetting`] naming the flag (exit status 2).
+    fn settings(&self) -> anyhow::Result<ferrio::Settings> {
         let mut s = ferrio::Settings::global();
-        if let Some(v) = self.direct_read {
-            s.direct_read = v;
+        for (flag, setting, value) in [
+            ("--direct-read", "direct_read", &self.direct_read),
+            ("--direct-write", "direct_write", &self.direct_write),
+            ("--task-size", "task_size", &self.task_size),
+            ("--threads", "threads_per_device", &self.threads),
+        ] {
+            if let Some(v) = value {
+                s.set(setting, v).map_err(|e| match e {
+                    ferrio::Error::InvalidSetting {
+                        value, expected, ..
+                    } => ferrio::Error::InvalidSetting {
+                        name: flag.to_string(),
+                        value,
+                        expected,
+                    },
+                    other => other,
+                })?;
+            }
         }
-        if let Some(v) = self.direct_write {
-            s.direct_write = v;
-        }
-        if let Some(v) = self.task_size {
-            s.task_size = v.max(1);
-        }
-        if let Some(v) = self.threads {
-            s.threads_per_device = v;
-        }
-        s
+        Ok(s)
     }
 }
 

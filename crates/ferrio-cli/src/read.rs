@@ -1,16 +1,33 @@
 //! `ferrio read PATH...`: reads files in parallel into host memory.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
 
 use crate::progress::Progress;
-use crate::{check_interrupt, existing, gibps, out, IoFlags};
+use crate::{check_interrupt, existing, gibps, out, wait_polled, IoFlags};
 
-/// Host memory used per file: files larger than this are read in windows of this size.
-const WINDOW: u64 = 1 << 30;
+/// Host memory for the windows of all files together: a read of many or huge files must fit in
+/// a small machine (or cgroup) rather than be killed for memory.
+const BUDGET: u64 = 512 << 20;
+
+/// Windows in flight per file: while one is waited on, the next is already queued, so the pool
+/// never drains between windows.
+const WINDOWS_PER_FILE: u64 = 2;
+
+/// The largest window: many tasks per window, so that few requests are queued (the pool serves
+/// queued requests round-robin, task by task: every extra request is another stream for the
+/// device to interleave).
+const MAX_WINDOW: u64 = 128 << 20;
+
+/// The smallest window, when many files share the budget; windows are whole multiples of it,
+/// so that every window starts at an offset that suits `O_DIRECT`.
+const MIN_WINDOW: u64 = 8 << 20;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -31,10 +48,10 @@ struct Outcome {
 }
 
 pub(crate) fn run(a: Args) -> anyhow::Result<()> {
+    let settings = a.io.settings()?;
     for p in &a.paths {
         existing(p)?;
     }
-    let settings = a.io.settings();
     let files = a
         .paths
         .iter()
@@ -47,21 +64,50 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
                 .open(p, "r")
         })
         .collect::<ferrio::Result<Vec<_>>>()?;
-    let total: u64 = files.iter().map(|f| f.len()).sum::<ferrio::Result<u64>>()?;
-    // Buffers are allocated and touched before the clock starts: page faults on fresh memory
-    // are the allocator's cost, not the read's.
-    let mut buffers: Vec<Vec<u8>> = files
+    let lens = files
         .iter()
-        .map(|f| Ok(prefaulted(f.len()?.min(WINDOW) as usize)))
-        .collect::<ferrio::Result<_>>()?;
+        .map(|f| f.len())
+        .collect::<ferrio::Result<Vec<u64>>>()?;
+    let total: u64 = lens.iter().sum();
+    let (window, per_file, at_once) = plan(&lens);
+    // Buffers are allocated and touched before the clock starts: page faults on fresh memory
+    // are the allocator's cost, not the read's. Each reader owns its windows and reuses them
+    // from file to file.
+    let mut windows_of: Vec<Vec<Window>> = Vec::with_capacity(at_once);
+    for _ in 0..at_once {
+        let mut w = Vec::with_capacity(per_file);
+        for _ in 0..per_file {
+            match prefaulted(window) {
+                Some(b) => w.push(b),
+                None => {
+                    let want = (window * per_file * at_once) as u64;
+                    anyhow::bail!(
+                        "cannot allocate {want} bytes ({}) of read windows: out of memory",
+                        ferrio::config::format_size(want)
+                    );
+                }
+            }
+        }
+        windows_of.push(w);
+    }
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<anyhow::Result<Outcome>>>> =
+        Mutex::new(files.iter().map(|_| None).collect());
     let cpu0 = crate::host::process_cpu_seconds();
     let t0 = Instant::now();
     let mut progress = Progress::new("read", total, a.io.json);
-    let outcomes = std::thread::scope(|s| {
-        let handles: Vec<_> = files
-            .iter()
-            .zip(buffers.iter_mut())
-            .map(|(f, buf)| s.spawn(move || read_one(f, buf)))
+    std::thread::scope(|s| {
+        let handles: Vec<_> = windows_of
+            .iter_mut()
+            .map(|bufs| {
+                let (files, next, results) = (&files, &next, &results);
+                s.spawn(move || loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(f) = files.get(i) else { break };
+                    let r = read_one(f, bufs);
+                    results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(r);
+                })
+            })
             .collect();
         loop {
             let done = handles.iter().all(|h| h.is_finished());
@@ -75,16 +121,15 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
             if done {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(25));
         }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("reader thread panicked")))
-            })
-            .collect::<anyhow::Result<Vec<Outcome>>>()
-    })?;
+    });
+    let outcomes = results
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("reader thread panicked"))))
+        .collect::<anyhow::Result<Vec<Outcome>>>()?;
     drop(progress);
     let secs = t0.elapsed().as_secs_f64();
     let cpu = crate::host::process_cpu_seconds() - cpu0;
@@ -122,34 +167,105 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A zeroed buffer whose pages are all mapped.
-fn prefaulted(len: usize) -> Vec<u8> {
-    let mut buf = vec![0u8; len];
-    for i in (0..len).step_by(4096) {
-        buf[i] = 1;
-    }
-    buf
+/// The window size, windows per file and files read at once, so that at most [`BUDGET`] bytes
+/// of windows exist: every file at once with windows of up to [`MAX_WINDOW`] when that fits,
+/// else windows of [`MIN_WINDOW`] and as many files at a time as the budget allows.
+fn plan(lens: &[u64]) -> (usize, usize, usize) {
+    let largest = lens.iter().copied().max().unwrap_or(0);
+    let at_once = (lens.len() as u64).clamp(1, BUDGET / (WINDOWS_PER_FILE * MIN_WINDOW));
+    let window = (BUDGET / (WINDOWS_PER_FILE * at_once)).clamp(MIN_WINDOW, MAX_WINDOW) / MIN_WINDOW
+        * MIN_WINDOW;
+    // A small file needs no more than its own length, rounded up to whole pages.
+    let window = window.min(largest.div_ceil(4096).max(1) * 4096);
+    let per_file = WINDOWS_PER_FILE.min(largest.div_ceil(window).max(1));
+    (window as usize, per_file as usize, at_once as usize)
 }
 
-fn read_one(f: &ferrio::File, buf: &mut [u8]) -> anyhow::Result<Outcome> {
-    let len = f.len()?;
-    let window = buf.len();
-    let t0 = Instant::now();
-    let mut off = 0u64;
-    while off < len {
-        check_interrupt()?;
-        let want = (len - off).min(window as u64) as usize;
-        let n = f
-            .read_at(&mut buf[..want], off)
-            .with_context(|| format!("reading {}", f.path().display()))?;
-        if n == 0 {
-            break; // truncated under us: report what was there
-        }
-        off += n as u64;
+/// A buffer of `len` bytes whose pages are all mapped, or `None` when the memory is not there
+/// (the caller reports it in one line, instead of the allocator's abort).
+fn prefaulted(len: usize) -> Option<Window> {
+    let mut buf = ferrio::AlignedBuf::new(len, WINDOW_ALIGN)?;
+    // Writing a byte per page maps every page now, before any clock starts (the allocator hands
+    // out zeroed pages that are mapped only when first touched).
+    for i in (0..len).step_by(4096) {
+        buf.as_mut_slice()[i] = 0;
     }
+    Some(Window { buf, len })
+}
+
+/// Page-aligned window memory (so `O_DIRECT` reads land in it without a copy through scratch
+/// memory), of which the first `len` bytes are read into.
+struct Window {
+    buf: ferrio::AlignedBuf,
+    len: usize,
+}
+
+/// Alignment of window memory: a page suits `O_DIRECT` on every file system.
+const WINDOW_ALIGN: usize = 4096;
+
+// SAFETY: `AlignedBuf` memory never moves while it lives and only `&mut self` reaches it; `len`
+// never exceeds the buffer's length (set only from lengths at most the window size).
+unsafe impl ferrio::IoBufMut for Window {
+    fn io_ptr_mut(&mut self) -> *mut u8 {
+        self.buf.as_mut_ptr()
+    }
+    fn io_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// Reads all of `f` through the windows in `bufs`, all of them in flight, reusing them;
+/// stops promptly at Ctrl-C. The windows are handed back in `bufs` when all went well.
+fn read_one(f: &ferrio::File, bufs: &mut Vec<Window>) -> anyhow::Result<Outcome> {
+    let len = f.len()?;
+    let window = bufs.first().map_or(0, |w| w.buf.len()).max(1);
+    let t0 = Instant::now();
+    let mut free: VecDeque<Window> = bufs.drain(..).collect();
+    let mut in_flight: VecDeque<(ferrio::IoFuture<Window>, usize)> = VecDeque::new();
+    let (mut issued, mut done, mut at_end) = (0u64, 0u64, false);
+    let result = loop {
+        if let Err(e) = check_interrupt() {
+            break Err(e);
+        }
+        if !at_end && issued < len {
+            if let Some(mut buf) = free.pop_front() {
+                let want = (len - issued).min(window as u64) as usize;
+                buf.len = want;
+                in_flight.push_back((f.pread(buf, issued), want));
+                issued += want as u64;
+                continue;
+            }
+        }
+        let Some((fut, want)) = in_flight.pop_front() else {
+            break Ok(());
+        };
+        if let Err(e) = wait_polled(&fut) {
+            break Err(e);
+        }
+        let (r, mut buf) = fut.into_buffer();
+        match r.with_context(|| format!("reading {}", f.path().display())) {
+            Ok(n) => {
+                done += n as u64;
+                // Truncated under us: report what was there.
+                at_end |= n < want;
+            }
+            Err(e) => break Err(e),
+        }
+        buf.len = window;
+        free.push_back(buf);
+    };
+    if result.is_err() {
+        // Stop the windows still queued; dropping them then waits only for running tasks.
+        for (fut, _) in &in_flight {
+            fut.cancel();
+        }
+    }
+    drop(in_flight);
+    result?;
+    bufs.extend(free);
     Ok(Outcome {
         path: f.path().to_path_buf(),
-        bytes: off,
+        bytes: done,
         secs: t0.elapsed().as_secs_f64(),
     })
 }

@@ -1,13 +1,21 @@
 //! `ferrio write PATH... --size SIZE`: writes generated data, to several files at once.
+//!
+//! Every target is checked before any is opened (a bad one is a usage error and touches
+//! nothing). Files are written in place; when the write fails or is interrupted, the files this
+//! run created are removed, and files that were there before are named as partly overwritten.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::json;
 
 use crate::progress::Progress;
-use crate::{check_interrupt, gibps, out, parse_size, IoFlags};
+use crate::{
+    check_interrupt, gibps, out, parse_size, wait_polled, Interrupted, IoFlags, UsageError,
+};
 
 /// Bytes generated and written per step.
 const WINDOW: u64 = 256 << 20;
@@ -28,20 +36,131 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(a: Args) -> anyhow::Result<()> {
-    let settings = a.io.settings();
-    let files = a
-        .paths
-        .iter()
-        .map(|p| {
-            ferrio::File::options()
-                .settings(settings.clone())
-                .open(p, "w")
-        })
-        .collect::<ferrio::Result<Vec<_>>>()?;
-    let mut windows: Vec<Vec<Vec<u8>>> = files.iter().map(|_| generate(a.size)).collect();
+    let settings = a.io.settings()?;
+    let mut existed = Vec::with_capacity(a.paths.len());
+    for p in &a.paths {
+        existed.push(check_target(p)?);
+    }
+    let mut opened = Opened {
+        targets: Vec::new(),
+    };
+    let result = write_all(&a, &settings, &existed, &mut opened);
+    if let Err(e) = result {
+        return Err(opened.undo(e));
+    }
+    Ok(())
+}
+
+/// The targets this run has opened (and so truncated or created), to undo on failure.
+struct Opened {
+    /// Each path, and whether it existed before this run.
+    targets: Vec<(PathBuf, bool)>,
+}
+
+impl Opened {
+    /// Removes the files this run created and names the ones it partly overwrote, in `e` (or on
+    /// their own line after Ctrl-C, whose message is fixed).
+    fn undo(&self, e: anyhow::Error) -> anyhow::Error {
+        let mut damaged = Vec::new();
+        for (p, existed) in &self.targets {
+            if *existed {
+                damaged.push(p.display().to_string());
+            } else {
+                // Best effort: the error being reported matters more than a failed removal.
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        if damaged.is_empty() {
+            return e;
+        }
+        let note = format!(
+            "{} existed before and {} now truncated or partly overwritten",
+            damaged.join(", "),
+            if damaged.len() == 1 { "is" } else { "are" }
+        );
+        if e.downcast_ref::<Interrupted>().is_some() {
+            eprintln!("ferrio: {note}");
+            return e;
+        }
+        e.context(note)
+    }
+}
+
+/// Checks that `p` can be written without touching it: not a directory, in an existing,
+/// writable directory, writable itself if it exists. Returns whether it exists.
+fn check_target(p: &Path) -> anyhow::Result<bool> {
+    let bad =
+        |why: String| -> anyhow::Error { UsageError(format!("{}: {why}", p.display())).into() };
+    match std::fs::metadata(p) {
+        Ok(m) if m.is_dir() => return Err(bad("is a directory".into())),
+        Ok(_) => {
+            if !may_write(p) {
+                return Err(bad("permission denied (not writable)".into()));
+            }
+            return Ok(true);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(bad(e.to_string())),
+    }
+    let parent = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(parent) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(bad(format!("{} is not a directory", parent.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(bad(format!(
+                "directory {} does not exist",
+                parent.display()
+            )))
+        }
+        Err(e) => return Err(bad(format!("{}: {e}", parent.display()))),
+    }
+    if !may_write(parent) {
+        return Err(bad(format!(
+            "cannot create files in {}: permission denied",
+            parent.display()
+        )));
+    }
+    // A dangling symlink is "not found" yet is there: writing would create its target.
+    Ok(std::fs::symlink_metadata(p).is_ok())
+}
+
+/// Whether this process may write `p` (a directory: create entries in it), by `access(2)`.
+fn may_write(p: &Path) -> bool {
+    let Ok(c) = CString::new(p.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a NUL-terminated string that lives across the call; access only reads it.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+}
+
+fn write_all(
+    a: &Args,
+    settings: &ferrio::Settings,
+    existed: &[bool],
+    opened: &mut Opened,
+) -> anyhow::Result<()> {
+    let mut files = Vec::with_capacity(a.paths.len());
+    for (p, &was_there) in a.paths.iter().zip(existed) {
+        let f = ferrio::File::options()
+            .settings(settings.clone())
+            .open(p, "w");
+        // Recorded even when the open failed: it may have created the file first.
+        opened.targets.push((p.clone(), was_there));
+        files.push(f?);
+    }
+    let mut windows = Vec::with_capacity(files.len());
+    for _ in &files {
+        windows.push(generate(a.size)?);
+    }
     for f in &files {
         // Blocks allocated in one go: direct writes then neither extend the file nor allocate.
-        f.allocate(a.size)?;
+        // Nothing to allocate for an empty file (and fallocate refuses a length of 0).
+        if a.size > 0 {
+            f.allocate(a.size)?;
+        }
     }
     let cpu0 = crate::host::process_cpu_seconds();
     let t0 = Instant::now();
@@ -109,21 +228,25 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
 }
 
 /// Two windows of generated, incompressible-looking bytes for writing `size` bytes: made once,
-/// before any clock starts (generating data is not I/O).
-pub(crate) fn generate(size: u64) -> Vec<Vec<u8>> {
+/// before any clock starts (generating data is not I/O). Stops at Ctrl-C.
+pub(crate) fn generate(size: u64) -> anyhow::Result<Vec<Vec<u8>>> {
     let window = size.clamp(1, WINDOW) as usize;
-    (1..=2)
-        .map(|seed| {
-            let mut b = vec![0u8; window];
-            fill(&mut b, seed);
-            b
-        })
-        .collect()
+    let mut windows = Vec::with_capacity(2);
+    for seed in 1..=2u64 {
+        let mut b = vec![0u8; window];
+        // In slices, so that Ctrl-C is noticed while a large window is filled.
+        for (i, chunk) in b.chunks_mut(8 << 20).enumerate() {
+            check_interrupt()?;
+            fill(chunk, seed.wrapping_mul(1 << 32) + i as u64);
+        }
+        windows.push(b);
+    }
+    Ok(windows)
 }
 
 /// Writes `size` bytes from `windows` (see [`generate`]) to `f`, keeping every window in flight
-/// so the device never waits for the next one; stops at Ctrl-C. The windows are handed back in
-/// `windows` when all went well.
+/// so the device never waits for the next one; stops promptly at Ctrl-C (queued tasks are
+/// cancelled). The windows are handed back in `windows` when all went well.
 pub(crate) fn write_generated(
     f: &ferrio::File,
     size: u64,
@@ -135,8 +258,13 @@ pub(crate) fn write_generated(
     let mut in_flight: VecDeque<ferrio::IoFuture<Vec<u8>>> = VecDeque::new();
     let mut progress = Progress::new("write", size, quiet);
     let (mut issued, mut done, mut step) = (0u64, 0u64, 0u64);
-    while done < size {
-        check_interrupt()?;
+    let result = loop {
+        if done >= size {
+            break Ok(());
+        }
+        if let Err(e) = check_interrupt() {
+            break Err(e);
+        }
         if issued < size {
             if let Some(mut buf) = free.pop_front() {
                 let n = (size - issued).min(window as u64) as usize;
@@ -152,14 +280,28 @@ pub(crate) fn write_generated(
             }
         }
         let Some(fut) = in_flight.pop_front() else {
-            anyhow::bail!("no window to write with");
+            break Err(anyhow::anyhow!("no window to write with"));
         };
+        if let Err(e) = wait_polled(&fut) {
+            break Err(e);
+        }
         let (result, mut buf) = fut.into_buffer();
-        done += result? as u64;
+        match result {
+            Ok(n) => done += n as u64,
+            Err(e) => break Err(e.into()),
+        }
         buf.resize(window, 0);
         free.push_back(buf);
         progress.set(done);
+    };
+    if result.is_err() {
+        // Stop the windows still queued; dropping them then waits only for running tasks.
+        for fut in &in_flight {
+            fut.cancel();
+        }
     }
+    drop(in_flight);
+    result?;
     windows.extend(free);
     Ok(done)
 }

@@ -4,6 +4,9 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::interrupt_and_time;
+
 fn ferrio() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ferrio"))
 }
@@ -244,5 +247,73 @@ fn a_fifo_is_refused_at_once_by_info_read_and_write() {
         let o = run_within(&args);
         assert_one_line_error(&o, 1, "is a FIFO");
         assert!(String::from_utf8_lossy(&o.stderr).contains(ps), "{o:?}");
+    }
+}
+
+#[test]
+fn task_size_flag_is_checked_like_its_variable() {
+    let d = tmp();
+    let f = d.path().join("f");
+    std::fs::write(&f, b"data").unwrap();
+    let fs = f.to_str().unwrap();
+    let o = run(&["read", "--task-size", "0", fs]);
+    assert_one_line_error(&o, 2, "--task-size");
+    let by_flag = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        by_flag.contains("\"0\"") && by_flag.contains("at least 1 byte"),
+        "{by_flag}"
+    );
+    let o = ferrio()
+        .env("FERRIO_TASK_SIZE", "0")
+        .args(["read", fs])
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, 2, "FERRIO_TASK_SIZE");
+    let by_env = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(by_flag.replace("--task-size", "FERRIO_TASK_SIZE"), by_env);
+    let o = run(&["write", "--task-size", "lots", "--size", "1MiB", fs]);
+    assert_one_line_error(&o, 2, "--task-size");
+    assert_eq!(std::fs::read(&f).unwrap(), b"data", "nothing written");
+}
+
+#[test]
+fn bench_reacts_to_ctrl_c_within_a_fraction_of_a_second() {
+    // Interrupted at several points: while writing, reading cold and reading hot.
+    for delay_ms in [150u64, 700, 1400, 2100] {
+        let d = tmp();
+        let mut child = ferrio()
+            .args([
+                "bench",
+                "--dir",
+                d.path().to_str().unwrap(),
+                "--size",
+                "512MiB",
+                "--rounds",
+                "50",
+                "--threads",
+                "1",
+                "--task-size",
+                "64KiB",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while leftovers(d.path()).is_empty() && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let (status, took) = interrupt_and_time(&mut child, Duration::from_secs(30));
+        assert_eq!(status.code(), Some(130), "at {delay_ms} ms");
+        assert!(
+            took < Duration::from_millis(800),
+            "at {delay_ms} ms: exited {took:?} after Ctrl-C"
+        );
+        assert!(
+            leftovers(d.path()).is_empty(),
+            "left {:?}",
+            leftovers(d.path())
+        );
     }
 }

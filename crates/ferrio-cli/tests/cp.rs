@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::LoopFs;
+
 fn ferrio() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ferrio"))
 }
@@ -323,70 +326,6 @@ fn cp_refuses_to_replace_a_file_the_user_may_not_write() {
     assert!(stderr(&o).contains("may not write"), "{}", stderr(&o));
     assert_eq!(fs::read(&dst).unwrap(), b"protected");
     assert!(temp_files(d.path()).is_empty());
-}
-
-/// A small ext4 file system on a loop device; unmounted and detached on drop.
-struct LoopFs {
-    dir: tempfile::TempDir,
-    dev: Option<String>,
-    mounted: bool,
-}
-
-impl LoopFs {
-    fn new(size_mib: u64) -> Result<LoopFs, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("needs root (losetup, mount)".into());
-        }
-        let mut fs = LoopFs {
-            dir: tmp(),
-            dev: None,
-            mounted: false,
-        };
-        let img = fs.dir.path().join("fs.img");
-        let sh = |cmd: &mut Command| -> Result<String, String> {
-            let o = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-            if !o.status.success() {
-                return Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&o.stderr)));
-            }
-            Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
-        };
-        fs::File::create(&img)
-            .and_then(|f| f.set_len(size_mib << 20))
-            .map_err(|e| e.to_string())?;
-        sh(Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-m", "0"])
-            .arg(&img))?;
-        fs.dev = Some(sh(Command::new("losetup")
-            .args(["-f", "--show"])
-            .arg(&img))?);
-        fs::create_dir(fs.mnt()).map_err(|e| e.to_string())?;
-        sh(Command::new("mount")
-            .arg(fs.dev.as_deref().unwrap_or_default())
-            .arg(fs.mnt()))?;
-        fs.mounted = true;
-        Ok(fs)
-    }
-
-    fn mnt(&self) -> PathBuf {
-        self.dir.path().join("mnt")
-    }
-}
-
-impl Drop for LoopFs {
-    fn drop(&mut self) {
-        if self.mounted
-            && !Command::new("umount")
-                .arg(self.mnt())
-                .status()
-                .is_ok_and(|s| s.success())
-        {
-            let _ = Command::new("umount").arg("-l").arg(self.mnt()).status();
-        }
-        if let Some(dev) = &self.dev {
-            let _ = Command::new("losetup").args(["-d", dev]).status();
-        }
-    }
 }
 
 #[test]

@@ -40,7 +40,7 @@ pub mod error;
 pub mod memory;
 pub mod pagecache;
 
-pub use buffer::{IoBuf, IoBufMut};
+pub use buffer::{AlignedBuf, IoBuf, IoBufMut};
 pub use config::{DirectMode, Settings};
 pub use copy::{copy, CopyError, CopyMethod, CopyOptions, CopyProgress, CopyReport, DeviceTraffic};
 pub use direct::DirectSupport;

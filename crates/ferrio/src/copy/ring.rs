@@ -3,9 +3,10 @@
 //!
 //! It owns memory only; it does no I/O.
 
+use crate::buffer::AlignedBuf;
 use crate::buffer::{IoBuf, IoBufMut};
 use crate::error::{Error, Result};
-use crate::sys::{self, AlignedBuf};
+use crate::sys;
 
 /// A window of a copy pipeline: an aligned buffer and how much of it a request uses.
 pub(super) struct Window {

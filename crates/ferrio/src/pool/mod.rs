@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use crate::error::Result;
 use crate::plan::Task;
-use crate::sys::AlignedBuf;
+use crate::buffer::AlignedBuf;
 
 /// Per-thread state a task may use: scratch memory for unaligned direct I/O, reused across
 /// tasks so no task allocates, and work a task left running on the thread.

@@ -1,14 +1,12 @@
 //! Every raw syscall ferrio makes, wrapped so that callers get `io::Result` and never see `errno`.
 //!
 //! This module owns file descriptors' syscalls (open, fcntl, pread/pwrite loops, statx,
-//! cachestat, fadvise, mincore, sync, the block-device size ioctl) and aligned allocations.
+//! cachestat, fadvise, mincore, sync, the block-device size ioctl).
 //! Nothing here knows about tasks, pools or settings.
 
-mod aligned;
 mod copy;
 pub(crate) mod statfs;
 
-pub use aligned::AlignedBuf;
 pub use copy::{
     copy_file_range, copy_unsupported, futimens, lutimens, seek_data, seek_hole, umask, Timestamp,
 };

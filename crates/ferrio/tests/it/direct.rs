@@ -182,7 +182,7 @@ fn direct_reads_never_write_past_end_of_file_into_the_buffer() {
         for offset in [0u64, 4096, 512] {
             pagecache::drop_file(&path).unwrap();
             // Page-aligned memory, so the direct read lands in it without scratch.
-            let mut buf = ferrio::sys::AlignedBuf::new(8 * 4096, 4096).unwrap();
+            let mut buf = ferrio::AlignedBuf::new(8 * 4096, 4096).unwrap();
             buf.as_mut_slice().fill(POISON);
             let n = f.read_at(buf.as_mut_slice(), offset).unwrap();
             assert_eq!(n, len - offset as usize);

@@ -6,7 +6,10 @@
 //! from [`IoFuture::into_buffer`](crate::IoFuture::into_buffer). Blocking calls
 //! ([`File::read_at`](crate::File::read_at)) take plain slices.
 
-use crate::sys::AlignedBuf;
+mod aligned;
+
+pub use aligned::AlignedBuf;
+
 
 /// Memory a read may fill.
 ///

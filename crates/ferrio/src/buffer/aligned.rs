@@ -1,4 +1,5 @@
-//! Heap buffers with a chosen alignment, for `O_DIRECT` scratch memory.
+//! Heap buffers with a chosen alignment: memory that `O_DIRECT` reads land in without a copy
+//! (for callers, and for the workers' scratch space).
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
@@ -29,7 +30,6 @@ impl AlignedBuf {
         self.layout.size()
     }
 
-    #[cfg(any(test, feature = "testing"))]
     /// Whether the buffer is empty (never: it holds at least one byte).
     pub fn is_empty(&self) -> bool {
         false
@@ -51,7 +51,6 @@ impl AlignedBuf {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
     }
 
-    #[cfg(any(test, feature = "testing"))]
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` is valid for `len` initialised bytes and `&mut self` is exclusive.

@@ -1,0 +1,103 @@
+//! Helpers shared by the CLI tests: a small loop-device file system, and bounded waits for
+//! children that are sent Ctrl-C.
+#![allow(dead_code)] // each test crate uses its own subset
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// Sends SIGINT to `child`.
+pub fn interrupt(child: &Child) {
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+}
+
+/// Waits up to `limit` for `child`; kills it and returns `None` when it is still running then.
+pub fn wait_bounded(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// Sends Ctrl-C to `child` and returns its exit status and how long it took to exit, or panics
+/// when it has not exited within `limit` (the child is killed then).
+pub fn interrupt_and_time(child: &mut Child, limit: Duration) -> (ExitStatus, Duration) {
+    let t0 = Instant::now();
+    interrupt(child);
+    match wait_bounded(child, limit) {
+        Some(status) => (status, t0.elapsed()),
+        None => panic!("still running {limit:?} after Ctrl-C (killed)"),
+    }
+}
+
+/// A small ext4 file system on a loop device; unmounted and detached on drop.
+pub struct LoopFs {
+    pub dir: tempfile::TempDir,
+    dev: Option<String>,
+    mounted: bool,
+}
+
+impl LoopFs {
+    pub fn new(size_mib: u64) -> Result<LoopFs, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root (losetup, mount)".into());
+        }
+        let mut fs = LoopFs {
+            dir: tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).map_err(|e| e.to_string())?,
+            dev: None,
+            mounted: false,
+        };
+        let img = fs.dir.path().join("fs.img");
+        let sh = |cmd: &mut Command| -> Result<String, String> {
+            let o = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+            if !o.status.success() {
+                return Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&o.stderr)));
+            }
+            Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        fs::File::create(&img)
+            .and_then(|f| f.set_len(size_mib << 20))
+            .map_err(|e| e.to_string())?;
+        sh(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(&img))?;
+        fs.dev = Some(sh(Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&img))?);
+        fs::create_dir(fs.mnt()).map_err(|e| e.to_string())?;
+        sh(Command::new("mount")
+            .arg(fs.dev.as_deref().unwrap_or_default())
+            .arg(fs.mnt()))?;
+        fs.mounted = true;
+        Ok(fs)
+    }
+
+    pub fn mnt(&self) -> PathBuf {
+        self.dir.path().join("mnt")
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        if self.mounted
+            && !Command::new("umount")
+                .arg(self.mnt())
+                .status()
+                .is_ok_and(|s| s.success())
+        {
+            let _ = Command::new("umount").arg("-l").arg(self.mnt()).status();
+        }
+        if let Some(dev) = &self.dev {
+            let _ = Command::new("losetup").args(["-d", dev]).status();
+        }
+    }
+}

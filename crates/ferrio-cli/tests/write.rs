@@ -1,0 +1,119 @@
+//! `ferrio write` as a user runs it: empty files, targets checked before any is touched, and
+//! nothing new left behind after Ctrl-C or a full disk.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{interrupt_and_time, LoopFs};
+
+fn ferrio() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferrio"))
+}
+
+fn run(args: &[&Path]) -> Output {
+    ferrio().args(args).output().expect("run ferrio")
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn size_zero_creates_an_empty_file() {
+    let d = tmp();
+    let f = d.path().join("empty");
+    let o = run(&[Path::new("write"), Path::new("--size"), Path::new("0"), &f]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(fs::metadata(&f).unwrap().len(), 0);
+}
+
+#[test]
+fn every_target_is_checked_before_any_is_touched() {
+    let d = tmp();
+    let existing = d.path().join("existing.bin");
+    fs::write(&existing, b"keep me").unwrap();
+    let fresh = d.path().join("fresh");
+    let size = [Path::new("write"), Path::new("--size"), Path::new("1MiB")];
+    for bad in [d.path().join("nodir/x"), d.path().to_path_buf()] {
+        let o = run(&[&size[..], &[&existing, &fresh, &bad]].concat());
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(&*bad.to_string_lossy()), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert_eq!(fs::read(&existing).unwrap(), b"keep me", "{err}");
+        assert!(!fresh.exists(), "{err}");
+    }
+}
+
+#[test]
+fn ctrl_c_removes_the_file_it_created() {
+    let d = tmp();
+    let f = d.path().join("new");
+    let mut child = ferrio()
+        .args([
+            "write",
+            "--threads",
+            "1",
+            "--task-size",
+            "4KiB",
+            "--direct-write",
+            "off",
+            "--size",
+            "2GiB",
+        ])
+        .arg(&f)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !f.exists() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    let (status, took) = interrupt_and_time(&mut child, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        took < Duration::from_secs(2),
+        "exited {took:?} after Ctrl-C"
+    );
+    assert!(!f.exists(), "the interrupted write left {}", f.display());
+}
+
+#[test]
+fn a_full_disk_leaves_no_new_file_and_names_an_overwritten_one() {
+    let lfs = match LoopFs::new(32) {
+        Ok(l) => l,
+        Err(why) => {
+            eprintln!("skipped: a loop file system: {why}");
+            return;
+        }
+    };
+    let mnt = lfs.mnt();
+    let size = [Path::new("write"), Path::new("--size"), Path::new("64MiB")];
+    let new = mnt.join("new");
+    let o = run(&[&size[..], &[&new]].concat());
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("No space left") && err.contains("new"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!new.exists(), "a failed write left {}", new.display());
+
+    let old = mnt.join("old");
+    fs::write(&old, b"old content").unwrap();
+    let o = run(&[&size[..], &[&old]].concat());
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("old") && err.contains("overwritten"), "{err}");
+    assert!(old.exists(), "a file that was there before is not removed");
+}
