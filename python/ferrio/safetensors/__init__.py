@@ -276,8 +276,8 @@ class safe_open:  # the name of safetensors' class
 
     ``safe_open(path, framework="pt", device="cpu")`` as in ``safetensors``; ``path`` may also
     be a list of shard files, a directory of shards or an index JSON, and ``tensor_filter``
-    (glob patterns) limits which tensors it shows and reads. ``backend`` is accepted for compatibility and ignored.
-    The header is read and validated on opening.
+    (glob patterns) limits which tensors it shows and reads. ``backend`` is accepted for
+    compatibility and ignored. The header is read and validated on opening.
     """
 
     def __init__(
