@@ -228,7 +228,8 @@ def to_bytes(name: str, tensor: Any) -> tuple[str, list[int], Any]:
         dtype = names.get(arr.dtype.name)
         if dtype is None:
             raise ValueError(f"tensor {name!r}: safetensors has no dtype for {arr.dtype}")
-        return dtype, [int(d) for d in arr.shape], arr.reshape(-1).view(xp.uint8)
+        # ascontiguousarray makes a 0-d array 1-d: the shape comes from the original.
+        return dtype, [int(d) for d in tensor.shape], arr.reshape(-1).view(xp.uint8)
     raise ValueError(
         f"tensor {name!r}: expected a torch tensor or a numpy or CuPy array, "
         f"not {type(tensor).__name__}"
