@@ -203,9 +203,8 @@ def main() -> None:
     print(f"{'checkpoint | cache | loader':<48} {'median s':>9} {'GiB/s':>7} {'peak GiB':>9}")
     for key, s in summary.items():
         if "median_seconds" in s:
-            print(
-                f"{key:<48} {s['median_seconds']:>9.2f} {s['gib_per_s']:>7.2f} {s['peak_gpu_gib']:>9.2f}"
-            )
+            sec, rate, peak = s["median_seconds"], s["gib_per_s"], s["peak_gpu_gib"]
+            print(f"{key:<48} {sec:>9.2f} {rate:>7.2f} {peak:>9.2f}")
         else:
             print(f"{key:<48} {s['status']}: {s['detail']}")
 
