@@ -47,6 +47,9 @@ pub(crate) fn safetensors_parse_header(data: &[u8]) -> PyResult<PyHeader> {
     Ok(to_py(h))
 }
 
+/// Where one tensor goes in a new file: `(name, begin, end)` in the data section.
+type Placed = (String, u64, u64);
+
 /// The header of a new file for `tensors` (`(name, dtype, shape)` each) and `metadata`:
 /// `(header bytes, [(name, begin, end)] in write order)`, as `safetensors` writes it.
 #[pyfunction]
@@ -55,7 +58,7 @@ pub(crate) fn safetensors_header_bytes<'py>(
     py: Python<'py>,
     tensors: Vec<(String, String, Vec<u64>)>,
     metadata: Option<BTreeMap<String, String>>,
-) -> PyResult<(Bound<'py, PyBytes>, Vec<(String, u64, u64)>)> {
+) -> PyResult<(Bound<'py, PyBytes>, Vec<Placed>)> {
     let specs = tensors
         .into_iter()
         .map(|(name, dtype, shape)| {
