@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 PYTHON ?= python3
 BENCH_ARGS ?= --compare
-PY_TOOLS := maturin numpy pytest mypy ruff
+PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors
 
 .PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-python install \
 	build gpu-wheel gpu-test
@@ -19,7 +19,7 @@ deps-system:
 	  $$S apt-get update -qq && $$S apt-get install -y -qq fio >/dev/null; }
 
 deps-python:
-	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff" 2>/dev/null || \
+	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff, hypothesis, safetensors" 2>/dev/null || \
 	  $(PYTHON) -m pip install -q $(PY_TOOLS)
 
 # The Python package, with the `ferrio` command (a release build of the whole engine).

@@ -15,6 +15,7 @@ __all__ = [
     "IOFuture",
     "PoolResource",
     "Residency",
+    "SafetensorError",
     "__version__",
     "cli_main",
     "config_describe",
@@ -27,6 +28,10 @@ __all__ = [
     "env_error",
     "open",
     "residency",
+    "safetensors_dtypes",
+    "safetensors_header_bytes",
+    "safetensors_parse_header",
+    "safetensors_read_header",
     "stats",
     "wait",
 ]
@@ -51,6 +56,9 @@ class CudaUnavailableError(FerrioError):
 
 class CudaError(FerrioError):
     """A CUDA driver call failed."""
+
+class SafetensorError(ValueError):
+    """A safetensors file breaks a rule of the format (the message names tensor and rule)."""
 
 @final
 class File:
@@ -234,3 +242,21 @@ class Allocation:
     @property
     def size(self) -> int:
         """Bytes allocated."""
+
+# (data_start, metadata or None, [(name, dtype, shape, begin, end)]), offsets in the data section.
+_Header = tuple[int, dict[str, str] | None, list[tuple[str, str, list[int], int, int]]]
+
+def safetensors_read_header(path: _Path) -> _Header:
+    """Read and validate the header of a safetensors file."""
+
+def safetensors_parse_header(data: bytes) -> _Header:
+    """Validate the header at the start of the bytes of a whole safetensors file."""
+
+def safetensors_header_bytes(
+    tensors: Sequence[tuple[str, str, Sequence[int]]],
+    metadata: dict[str, str] | None = None,
+) -> tuple[bytes, list[tuple[str, int, int]]]:
+    """Return the header of a new file and each tensor's (name, begin, end), as safetensors."""
+
+def safetensors_dtypes() -> list[tuple[str, int]]:
+    """Return every safetensors dtype as (name, bits), in the format's enum order."""

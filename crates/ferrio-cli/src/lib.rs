@@ -12,6 +12,7 @@ mod info;
 mod interrupt;
 mod progress;
 mod read;
+mod safetensors;
 mod write;
 
 pub(crate) use interrupt::{check_interrupt, interrupted, wait_polled, Interrupted};
@@ -42,6 +43,8 @@ enum Command {
     Cp(cp::Args),
     /// Show what ferrio knows about a file: file system, device, direct I/O, page cache.
     Info(info::Args),
+    /// Safetensors checkpoints: `inspect` lists a file's tensors and validates it.
+    Safetensors(safetensors::Args),
 }
 
 /// A user mistake (exit status 2) rather than an I/O failure (exit status 1).
@@ -77,6 +80,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Command::Bench(a) => bench::run(a),
         Command::Info(a) => info::run(a),
         Command::Cp(a) => cp::run(a),
+        Command::Safetensors(a) => safetensors::run(a),
     };
     match result {
         Ok(()) => 0,

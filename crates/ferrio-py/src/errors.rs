@@ -3,7 +3,8 @@
 //!
 //! OS errors become `OSError` built from `(errno, strerror, filename)`, which Python itself turns
 //! into the matching subclass (`FileNotFoundError`, `PermissionError`, ...). Everything that is
-//! not an OS error, a bad argument or a bad mode derives from `FerrioError`.
+//! not an OS error, a bad argument or a bad mode derives from `FerrioError`; a broken
+//! safetensors file raises `SafetensorError`, a `ValueError` as in `safetensors`.
 
 use pyo3::exceptions::{PyOSError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
@@ -27,6 +28,12 @@ pyo3::create_exception!(
     "A GPU array was given but CUDA cannot be used in this process; the message says why."
 );
 pyo3::create_exception!(ferrio, CudaError, FerrioError, "A CUDA driver call failed.");
+pyo3::create_exception!(
+    ferrio.safetensors,
+    SafetensorError,
+    PyValueError,
+    "A safetensors file breaks a rule of the format; the message names the tensor and the rule."
+);
 pyo3::import_exception!(io, UnsupportedOperation);
 
 /// The `ValueError` every method of a closed file raises, worded as Python's own files do.
@@ -73,6 +80,7 @@ pub(crate) fn to_pyerr(e: ferrio::Error) -> PyErr {
         E::TimedOut => PyTimeoutError::new_err(e.to_string()),
         E::CudaUnavailable { .. } => CudaUnavailableError::new_err(e.to_string()),
         E::Cuda { .. } => CudaError::new_err(e.to_string()),
+        E::Safetensors { .. } => SafetensorError::new_err(e.to_string()),
         _ => FerrioError::new_err(e.to_string()),
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! One file per Python class (`file.rs`: `File`, `future.rs`: `IOFuture`, `pagecache.rs`:
 //! `Residency`), plus buffer validation (`buffer.rs`), the exception mapping (`errors.rs`),
-//! settings (`config.rs`), pool statistics (`stats.rs`), parallel copy (`copy.rs`), the pool memory resource (`memory.rs`), the console script (`cli.rs`) and the one helper that releases the
+//! settings (`config.rs`), pool statistics (`stats.rs`), parallel copy (`copy.rs`), the pool memory resource (`memory.rs`), the console script (`cli.rs`), the safetensors format (`safetensors.rs`) and the one helper that releases the
 //! GIL (`gil.rs`).
 
 mod buffer;
@@ -16,6 +16,7 @@ mod gil;
 mod memory;
 mod pagecache;
 mod paths;
+mod safetensors;
 mod stats;
 
 use pyo3::prelude::*;
@@ -37,6 +38,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         py.get_type::<errors::CudaUnavailableError>(),
     )?;
     m.add("CudaError", py.get_type::<errors::CudaError>())?;
+    m.add("SafetensorError", py.get_type::<errors::SafetensorError>())?;
     m.add_function(wrap_pyfunction!(file::open, m)?)?;
     m.add_function(wrap_pyfunction!(future::wait, m)?)?;
     m.add_function(wrap_pyfunction!(pagecache::residency, m)?)?;
@@ -50,5 +52,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(stats::stats, m)?)?;
     m.add_function(wrap_pyfunction!(copy::copy, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors::safetensors_read_header, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors::safetensors_parse_header, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors::safetensors_header_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors::safetensors_dtypes, m)?)?;
     Ok(())
 }

@@ -133,6 +133,31 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A safetensors file (or header) breaks a rule of the format.
+    #[error("{}", safetensors_message(path, tensor.as_deref(), rule))]
+    Safetensors {
+        /// The file; empty for bytes that did not come from a file.
+        path: PathBuf,
+        /// The tensor the broken rule is about, if it is about one.
+        tensor: Option<String>,
+        /// The rule and how it was broken.
+        rule: String,
+    },
+}
+
+fn safetensors_message(path: &std::path::Path, tensor: Option<&str>, rule: &str) -> String {
+    let mut msg = String::from("invalid safetensors ");
+    if path.as_os_str().is_empty() {
+        msg.push_str("data");
+    } else {
+        msg.push_str(&format!("file {}", path.display()));
+    }
+    if let Some(t) = tensor {
+        msg.push_str(&format!(", tensor {t:?}"));
+    }
+    msg.push_str(": ");
+    msg.push_str(rule);
+    msg
 }
 
 /// The library's result type.
@@ -173,6 +198,7 @@ impl Error {
             | Error::Open { path, .. }
             | Error::BadMode { path, .. }
             | Error::Fs { path, .. } => Some(path),
+            Error::Safetensors { path, .. } if !path.as_os_str().is_empty() => Some(path),
             _ => None,
         }
     }
@@ -246,6 +272,11 @@ impl Clone for Error {
                 path: path.clone(),
                 source: clone_io(source),
             },
+            Error::Safetensors { path, tensor, rule } => Error::Safetensors {
+                path: path.clone(),
+                tensor: tensor.clone(),
+                rule: rule.clone(),
+            },
         }
     }
 }
@@ -257,6 +288,7 @@ impl From<Error> for io::Error {
                 source.kind()
             }
             Error::InvalidSetting { .. } | Error::InvalidArgument(_) => io::ErrorKind::InvalidInput,
+            Error::Safetensors { .. } => io::ErrorKind::InvalidData,
             Error::BadMode { .. } => io::ErrorKind::PermissionDenied,
             Error::Cancelled => io::ErrorKind::Interrupted,
             Error::TimedOut => io::ErrorKind::TimedOut,

@@ -39,6 +39,7 @@ pub mod cuda;
 pub mod error;
 pub mod memory;
 pub mod pagecache;
+pub mod safetensors;
 
 pub use buffer::{AlignedBuf, IoBuf, IoBufMut};
 pub use config::{DirectMode, Settings};

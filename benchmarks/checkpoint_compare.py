@@ -1,0 +1,213 @@
+"""Checkpoint loaders compared: file bytes into GPU memory, one fresh process per load.
+
+Creates (if missing) an 8 GiB bf16 checkpoint of decoder-layer-shaped tensors with
+safetensors.torch.save_file, and the same weights as 4 shards of 2 GiB with an index.json.
+Each round runs every loader once, in an order that rotates each round, in a fresh Python
+process: warm (the files read once before, so they are in the page cache) and cold (page cache
+dropped through /proc/sys/vm/drop_caches, needs root; skipped otherwise). The child creates its
+CUDA context first (torch.cuda.init() and a tiny allocation), then times from just before the
+load call to after torch.cuda.synchronize(), and reports torch.cuda.max_memory_allocated().
+A loader whose import fails is reported as missing.
+
+    python3 benchmarks/checkpoint_compare.py --dir /data/ckpt --rounds 3 [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+GIB = 1 << 30
+LOADERS = ["safetensors", "fastsafetensors", "runai", "instanttensor", "ferrio"]
+
+# The child: argv = loader, device, files...; prints one JSON line.
+CHILD = r"""
+import json, sys, time, torch
+loader, device, files = sys.argv[1], sys.argv[2], sys.argv[3:]
+torch.cuda.init(); torch.zeros(1, device=device); torch.cuda.synchronize()
+torch.cuda.reset_peak_memory_stats()
+try:
+    if loader == "safetensors":
+        from safetensors.torch import load_file
+        def load():
+            out = {}
+            for f in files:
+                out.update(load_file(f, device=device))
+            return out
+    elif loader == "ferrio":
+        from ferrio.safetensors.torch import load_file
+        def load():
+            return load_file(files if len(files) > 1 else files[0], device=device)
+    elif loader == "fastsafetensors":
+        from fastsafetensors import fastsafe_open
+        def load():
+            with fastsafe_open(filenames=files, nogds=True, device=device) as f:
+                return {k: f.get_tensor(k).clone() for k in f.keys()}
+    elif loader == "runai":
+        from runai_model_streamer import SafetensorsStreamer
+        def load():
+            out = {}
+            with SafetensorsStreamer() as s:
+                if hasattr(s, "stream_files"):
+                    s.stream_files(files)
+                else:
+                    for f in files:
+                        s.stream_file(f)
+                for name, t in s.get_tensors():
+                    out[name] = t.to(device)
+            return out
+    elif loader == "instanttensor":
+        from instanttensor import safe_open
+        def load():
+            out = {}
+            index = torch.device(device).index or 0
+            target = files if len(files) > 1 else files[0]
+            with safe_open(target, framework="pt", device=index) as f:
+                for name, t in f.tensors():
+                    out[name] = t.clone()
+            return out
+    else:
+        raise ImportError(loader)
+except ImportError as e:
+    print(json.dumps({"missing": str(e)})); sys.exit(0)
+start = time.perf_counter()
+tensors = load()
+torch.cuda.synchronize()
+seconds = time.perf_counter() - start
+nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+print(json.dumps({"seconds": seconds, "tensor_bytes": nbytes,
+                  "peak_gpu_bytes": torch.cuda.max_memory_allocated()}))
+"""
+
+
+def make_checkpoints(root: str) -> dict[str, list[str]]:
+    """Create the single-file and the sharded checkpoint if missing; return their files."""
+    single = os.path.join(root, "single", "model.safetensors")
+    shards = [
+        os.path.join(root, "sharded", f"model-0000{i + 1}-of-00004.safetensors") for i in range(4)
+    ]
+    if all(os.path.exists(p) for p in [single, *shards]):
+        return {"single 8 GiB": [single], "4 x 2 GiB shards": shards}
+    import torch
+    from safetensors.torch import save_file
+
+    hidden, inter = 4096, 14336  # decoder-layer shapes: q/k/v/o, gate/up/down, norms
+    layer = {
+        "self_attn.q_proj.weight": (hidden, hidden),
+        "self_attn.k_proj.weight": (hidden // 4, hidden),
+        "self_attn.v_proj.weight": (hidden // 4, hidden),
+        "self_attn.o_proj.weight": (hidden, hidden),
+        "mlp.gate_proj.weight": (inter, hidden),
+        "mlp.up_proj.weight": (inter, hidden),
+        "mlp.down_proj.weight": (hidden, inter),
+        "input_layernorm.weight": (hidden,),
+        "post_attention_layernorm.weight": (hidden,),
+    }
+    per_layer = sum(2 * torch.Size(s).numel() for s in layer.values())
+    layers = (8 * GIB) // per_layer
+    tensors = {}
+    for i in range(layers):
+        for name, shape in layer.items():
+            tensors[f"model.layers.{i}.{name}"] = torch.randn(shape, dtype=torch.bfloat16)
+    os.makedirs(os.path.dirname(single), exist_ok=True)
+    os.makedirs(os.path.dirname(shards[0]), exist_ok=True)
+    save_file(tensors, single)
+    names = sorted(tensors)
+    weight_map = {}
+    for i, path in enumerate(shards):
+        part = {n: tensors[n] for n in names[i::4]}
+        save_file(part, path)
+        weight_map.update({n: os.path.basename(path) for n in part})
+    with open(os.path.join(os.path.dirname(shards[0]), "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    return {"single 8 GiB": [single], "4 x 2 GiB shards": shards}
+
+
+def warm(files: list[str]) -> None:
+    for p in files:
+        subprocess.run(["dd", f"if={p}", "of=/dev/null", "bs=16M", "status=none"], check=True)
+
+
+def drop_caches() -> bool:
+    try:
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def run_child(loader: str, device: str, files: list[str]) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, loader, device, *files],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--dir", default="/tmp/ferrio-ckpt", help="where the checkpoints live")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--loaders", default=",".join(LOADERS))
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+    loaders = args.loaders.split(",")
+    ckpts = make_checkpoints(args.dir)
+    results: dict[str, dict] = {}
+    can_drop = drop_caches()
+    for ckpt, files in ckpts.items():
+        total = sum(os.path.getsize(p) for p in files)
+        for mode in ["warm", "cold"] if can_drop else ["warm"]:
+            for r in range(args.rounds):
+                order = loaders[r % len(loaders) :] + loaders[: r % len(loaders)]
+                for loader in order:
+                    if mode == "warm":
+                        warm(files)
+                    else:
+                        drop_caches()
+                    res = run_child(loader, args.device, files)
+                    key = f"{ckpt} | {mode} | {loader}"
+                    entry = results.setdefault(key, {"runs": [], "file_bytes": total})
+                    entry["runs"].append(res)
+    summary = {}
+    for key, entry in results.items():
+        ok = [r for r in entry["runs"] if "seconds" in r]
+        if not ok:
+            first = entry["runs"][0]
+            summary[key] = {"status": "missing" if "missing" in first else "error",
+                            "detail": first.get("missing") or first.get("error")}  # fmt: skip
+            continue
+        secs = statistics.median(r["seconds"] for r in ok)
+        summary[key] = {
+            "median_seconds": secs,
+            "gib_per_s": entry["file_bytes"] / secs / GIB,
+            "peak_gpu_gib": max(r["peak_gpu_bytes"] for r in ok) / GIB,
+            "rounds": len(ok),
+        }
+    if args.json:
+        print(json.dumps({"time": time.time(), "results": summary}, indent=1))
+        return
+    print(f"{'checkpoint | cache | loader':<48} {'median s':>9} {'GiB/s':>7} {'peak GiB':>9}")
+    for key, s in summary.items():
+        if "median_seconds" in s:
+            sec, rate, peak = s["median_seconds"], s["gib_per_s"], s["peak_gpu_gib"]
+            print(f"{key:<48} {sec:>9.2f} {rate:>7.2f} {peak:>9.2f}")
+        else:
+            print(f"{key:<48} {s['status']}: {s['detail']}")
+
+
+if __name__ == "__main__":
+    main()

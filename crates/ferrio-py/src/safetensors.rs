@@ -1,0 +1,83 @@
+//! The safetensors format for `ferrio.safetensors`: reading and validating a header (GIL
+//! released), parsing one from bytes, and building the header of a new file. Tensor bytes move
+//! through `File` in the Python layer; nothing here reads or writes them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use ferrio::safetensors::{header_bytes, Dtype, Header, TensorSpec};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::errors::to_pyerr;
+use crate::gil::without_gil;
+
+/// One tensor of a header as Python sees it: `(name, dtype, shape, begin, end)`, offsets
+/// relative to the data section.
+type PyTensor = (String, &'static str, Vec<u64>, u64, u64);
+
+/// `(data_start, metadata or None, tensors in data-offset order)`.
+type PyHeader = (u64, Option<BTreeMap<String, String>>, Vec<PyTensor>);
+
+fn to_py(h: Header) -> PyHeader {
+    let start = h.data_start();
+    let tensors = h
+        .tensors
+        .into_iter()
+        .map(|t| (t.name, t.dtype.name(), t.shape, t.begin, t.end))
+        .collect();
+    (start, h.metadata, tensors)
+}
+
+/// Reads and validates the header of the safetensors file at `path`.
+#[pyfunction]
+pub(crate) fn safetensors_read_header(
+    py: Python<'_>,
+    #[pyo3(from_py_with = crate::paths::fs_path)] path: PathBuf,
+) -> PyResult<PyHeader> {
+    let h = without_gil(py, || Header::read_path(&path))?.map_err(to_pyerr)?;
+    Ok(to_py(h))
+}
+
+/// Validates the header at the start of `data`, the whole content of a safetensors file.
+#[pyfunction]
+pub(crate) fn safetensors_parse_header(data: &[u8]) -> PyResult<PyHeader> {
+    let h = Header::parse(data, data.len() as u64).map_err(to_pyerr)?;
+    Ok(to_py(h))
+}
+
+/// Where one tensor goes in a new file: `(name, begin, end)` in the data section.
+type Placed = (String, u64, u64);
+
+/// The header of a new file for `tensors` (`(name, dtype, shape)` each) and `metadata`:
+/// `(header bytes, [(name, begin, end)] in write order)`, as `safetensors` writes it.
+#[pyfunction]
+#[pyo3(signature = (tensors, metadata=None))]
+pub(crate) fn safetensors_header_bytes<'py>(
+    py: Python<'py>,
+    tensors: Vec<(String, String, Vec<u64>)>,
+    metadata: Option<BTreeMap<String, String>>,
+) -> PyResult<(Bound<'py, PyBytes>, Vec<Placed>)> {
+    let specs = tensors
+        .into_iter()
+        .map(|(name, dtype, shape)| {
+            let dtype = dtype
+                .parse::<Dtype>()
+                .map_err(|e| PyValueError::new_err(format!("tensor {name:?}: {e}")))?;
+            Ok(TensorSpec { name, dtype, shape })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let (bytes, places) = header_bytes(&specs, metadata.as_ref()).map_err(to_pyerr)?;
+    let places = places
+        .into_iter()
+        .map(|p| (p.name, p.begin, p.end))
+        .collect();
+    Ok((PyBytes::new(py, &bytes), places))
+}
+
+/// Every dtype the format knows, `(name, bits)`, in the format's enum order.
+#[pyfunction]
+pub(crate) fn safetensors_dtypes() -> Vec<(&'static str, u64)> {
+    Dtype::ALL.iter().map(|d| (d.name(), d.bits())).collect()
+}

@@ -1,0 +1,460 @@
+"""Read and write safetensors checkpoints in parallel, into host or GPU memory.
+
+A drop-in for the ``safetensors`` package: ``safe_open``, ``load_file``, ``save_file``, ``load``
+and ``save`` take the same arguments (``ferrio.safetensors.torch`` and
+``ferrio.safetensors.numpy`` mirror ``safetensors.torch`` and ``safetensors.numpy``), so
+swapping the import is the whole migration. On top of that:
+
+- a directory, or a ``*.safetensors.index.json`` (``weight_map``; Mistral's
+  ``consolidated.safetensors.index.json`` too), loads as one parallel read across all shards;
+- ``tensor_filter=["model.layers.0.*", ...]`` (``fnmatch`` globs) reads only the selected
+  tensors' bytes; ``get_slice(name)[rows]`` reads only the rows asked for;
+- ``device="cuda:N"`` reads file bytes straight into GPU memory through ferrio's pinned bounce
+  buffers, with no host copy of the checkpoint.
+
+Ownership: a load allocates ONE ``uint8`` buffer per call for all the bytes it selects (plus at
+most 7 bytes per contiguous run, to keep each tensor at its file alignment), and every tensor
+returned is a view of it: the buffer lives while any tensor of that load lives, and freeing
+one tensor frees nothing until the last one is gone (copy with ``.clone()``/``.copy()`` to keep
+a few tensors of a big load). A tensor whose bytes are not aligned to its element size in the
+file is the exception: it is copied into memory of its own. ``get_tensor`` and ``get_slice``
+return tensors with their own buffer. Nothing is ever overwritten: ``save_file`` writes under a
+temporary name in the target's directory and renames it into place only once every byte is
+written.
+
+Invalid files raise :class:`SafetensorError` (a ``ValueError``) naming the tensor and the rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import ferrio
+from ferrio._native import (
+    SafetensorError,
+    safetensors_header_bytes,
+    safetensors_parse_header,
+    safetensors_read_header,
+)
+from ferrio.safetensors._frameworks import (
+    Framework,
+    check_not_shared,
+    to_bytes,
+)
+from ferrio.safetensors._frameworks import framework as _framework
+
+__all__ = [
+    "SafetensorError",
+    "load",
+    "load_file",
+    "safe_open",
+    "save",
+    "save_file",
+]
+
+PathLike = str | os.PathLike[str]
+
+# Bytes in flight at once while tensors() yields: enough to keep every worker busy, small
+# enough that the first tensors arrive early (reads of one pool share its workers round-robin).
+_STREAM_WINDOW_BYTES = 256 << 20
+
+
+class _Tensor:
+    """Where one tensor's bytes are: file, absolute offsets, dtype and shape."""
+
+    __slots__ = ("begin", "dtype", "end", "name", "path", "shape")
+
+    def __init__(
+        self, path: str, name: str, dtype: str, shape: list[int], begin: int, end: int
+    ) -> None:
+        self.path, self.name, self.dtype, self.shape = path, name, dtype, shape
+        self.begin, self.end = begin, end
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+def _shard_files(
+    path: PathLike | Sequence[PathLike],
+) -> tuple[list[str], dict[str, str] | None]:
+    """Return the files behind `path` and, for an index, which file holds which tensor."""
+    if isinstance(path, list | tuple):
+        return [os.fspath(p) for p in path], None
+    p = os.fspath(path)  # type: ignore[arg-type]
+    if os.path.isdir(p):
+        indexes = sorted(f for f in os.listdir(p) if f.endswith(".safetensors.index.json"))
+        if len(indexes) == 1:
+            return _shard_files(os.path.join(p, indexes[0]))
+        files = sorted(f for f in os.listdir(p) if f.endswith(".safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors file in directory {p!r}")
+        return [os.path.join(p, f) for f in files], None
+    if p.endswith(".json"):
+        with open(p, "rb") as f:
+            try:
+                index = json.load(f)
+            except ValueError as e:
+                raise SafetensorError(f"index {p}: not valid JSON: {e}") from None
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()
+        ):
+            raise SafetensorError(f"index {p}: weight_map must map tensor names to file names")
+        base = os.path.dirname(p)
+        mapped = {k: os.path.join(base, v) for k, v in weight_map.items()}
+        return sorted(set(mapped.values())), mapped
+    return [p], None
+
+
+class _Checkpoint:
+    """Every tensor of one file or a set of shards, validated, after `tensor_filter`."""
+
+    def __init__(
+        self, path: PathLike | Sequence[PathLike], tensor_filter: Sequence[str] | None
+    ) -> None:
+        files, weight_map = _shard_files(path)
+        if isinstance(tensor_filter, str):
+            tensor_filter = [tensor_filter]
+        self.files = files
+        self.metadata: dict[str, str] | None = None
+        self.tensors: dict[str, _Tensor] = {}
+        self.order: list[str] = []  # file order, then offset order
+        for i, file in enumerate(files):
+            start, meta, entries = safetensors_read_header(file)
+            if i == 0:
+                self.metadata = meta
+            for name, dtype, shape, begin, end in entries:
+                if weight_map is not None and weight_map.get(name) != file:
+                    continue  # the index says another file holds it (or none does)
+                if tensor_filter is not None and not any(
+                    fnmatch.fnmatchcase(name, pat) for pat in tensor_filter
+                ):
+                    continue
+                other = self.tensors.get(name)
+                if other is not None:
+                    raise SafetensorError(
+                        f"tensor {name!r} is in both {other.path} and {file}: shards must not "
+                        "repeat a name"
+                    )
+                self.tensors[name] = _Tensor(file, name, dtype, shape, start + begin, start + end)
+                self.order.append(name)
+        if weight_map is not None:
+            missing = [
+                n
+                for n, f in weight_map.items()
+                if n not in self.tensors
+                and (tensor_filter is None or any(fnmatch.fnmatchcase(n, p) for p in tensor_filter))
+            ]
+            if missing:
+                raise SafetensorError(
+                    f"tensor {missing[0]!r}: the index maps it to {weight_map[missing[0]]}, "
+                    "which does not hold it"
+                )
+
+
+class _Load:
+    """One buffer for a set of tensors, and the reads that fill it (all files at once)."""
+
+    def __init__(self, fw: Framework, tensors: list[_Tensor]) -> None:
+        # Contiguous runs of tensors in each file, each read with one pread (ferrio splits it
+        # into parallel tasks); a run starts in the buffer at its file alignment modulo 8.
+        self.fw = fw
+        self.runs: list[tuple[str, int, int, int]] = []  # path, file begin, file end, buf at
+        self.at: dict[str, int] = {}
+        size = 0
+        for t in tensors:
+            last = self.runs[-1] if self.runs else None
+            if last is not None and last[0] == t.path and last[2] == t.begin:
+                self.runs[-1] = (last[0], last[1], t.end, last[3])
+            else:
+                size += (t.begin - size) % 8
+                self.runs.append((t.path, t.begin, t.end, size))
+            run = self.runs[-1]
+            self.at[t.name] = run[3] + (t.begin - run[1])
+            size = run[3] + (run[2] - run[1])
+        self.buf = fw.empty(size)
+        self.files: dict[str, ferrio.File] = {}
+
+    def start(self, runs: Sequence[tuple[str, int, int, int]]) -> list[ferrio.IOFuture]:
+        futures = []
+        for path, begin, end, at in runs:
+            if end == begin:
+                continue
+            f = self.files.get(path)
+            if f is None:
+                f = self.files[path] = ferrio.open(path, "r")
+            futures.append(f.pread(self.fw.target(self.buf, at, at + end - begin), offset=begin))
+        return futures
+
+    def wait(
+        self, futures: list[ferrio.IOFuture], runs: Sequence[tuple[str, int, int, int]]
+    ) -> None:
+        got = ferrio.wait(futures)
+        want = [end - begin for _, begin, end, _ in runs if end > begin]
+        for (path, begin, _, _), g, w in zip(
+            [r for r in runs if r[2] > r[1]], got, want, strict=True
+        ):
+            if g != w:
+                raise SafetensorError(
+                    f"invalid safetensors file {path}: truncated, {g} of {w} bytes at "
+                    f"offset {begin}"
+                )
+
+    def view(self, t: _Tensor) -> Any:
+        at = self.at[t.name]
+        return self.fw.view(self.buf, at, at + t.nbytes, t.dtype, t.shape)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+def _load(fw: Framework, tensors: list[_Tensor]) -> dict[str, Any]:
+    for t in tensors:
+        fw.check_dtype(t.name, t.dtype)
+    load = _Load(fw, tensors)
+    try:
+        load.wait(load.start(load.runs), load.runs)
+        return {t.name: load.view(t) for t in tensors}
+    finally:
+        load.close()
+
+
+class _Slice:
+    """A tensor whose bytes are read on indexing, only the rows the index needs."""
+
+    def __init__(self, owner: safe_open, t: _Tensor) -> None:
+        self._owner, self._t = owner, t
+
+    def get_shape(self) -> list[int]:
+        """Return the tensor's shape."""
+        return list(self._t.shape)
+
+    def get_dtype(self) -> str:
+        """Return the tensor's safetensors dtype name (``"BF16"``, ...)."""
+        return self._t.dtype
+
+    def __getitem__(self, key: Any) -> Any:
+        t = self._t
+        keys = key if isinstance(key, tuple) else (key,)
+        first = keys[0] if keys else slice(None)
+        rows = t.shape[0] if t.shape else 0
+        row_bytes = t.nbytes // rows if rows else 0
+        if not t.shape or rows == 0 or row_bytes * rows != t.nbytes:
+            return self._owner._read(t)[key]
+        new_first: int | slice
+        if isinstance(first, int) and not isinstance(first, bool):
+            i = first + rows if first < 0 else first
+            if not 0 <= i < rows:
+                raise IndexError(f"index {first} is out of bounds for dimension 0 of {rows}")
+            lo, hi, new_first = i, i + 1, 0
+        elif isinstance(first, slice):
+            r = range(*first.indices(rows))
+            if len(r) == 0:
+                lo, hi, new_first = 0, 0, slice(0, 0)
+            else:
+                lo, hi = min(r), max(r) + 1
+                stop = r.stop - lo
+                new_first = slice(r.start - lo, stop if stop >= 0 else None, r.step)
+        else:  # Ellipsis, lists, arrays: read everything and let the library index
+            return self._owner._read(t)[key]
+        part = _Tensor(
+            t.path, t.name, t.dtype, [hi - lo, *t.shape[1:]],
+            t.begin + lo * row_bytes, t.begin + hi * row_bytes,
+        )  # fmt: skip
+        return self._owner._read(part)[(new_first, *keys[1:])]
+
+
+class safe_open:  # the name of safetensors' class
+    """A safetensors file (or shards) opened for reading tensors by name.
+
+    ``safe_open(path, framework="pt", device="cpu")`` as in ``safetensors``; ``path`` may also
+    be a list of shard files, a directory of shards or an index JSON, and ``tensor_filter``
+    (glob patterns) limits which tensors it shows and reads. ``backend`` is accepted for
+    compatibility and ignored. The header is read and validated on opening.
+    """
+
+    def __init__(
+        self,
+        filename: PathLike | Sequence[PathLike],
+        framework: str = "pt",
+        device: Any = "cpu",
+        *,
+        backend: str | None = None,
+        tensor_filter: Sequence[str] | None = None,
+    ) -> None:
+        del backend  # safetensors' mmap/pread choice; ferrio always reads in parallel
+        self._fw = _framework(framework, device)
+        self._ckpt = _Checkpoint(filename, tensor_filter)
+
+    def __enter__(self) -> safe_open:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def keys(self) -> list[str]:
+        """Return the tensor names, sorted (as safetensors)."""
+        return sorted(self._ckpt.tensors)
+
+    def offset_keys(self) -> list[str]:
+        """Return the tensor names in file order (shard by shard, then by data offset)."""
+        return list(self._ckpt.order)
+
+    def metadata(self) -> dict[str, str] | None:
+        """Return the ``__metadata__`` strings (of the first shard), or None."""
+        return self._ckpt.metadata
+
+    def _info(self, name: str) -> _Tensor:
+        t = self._ckpt.tensors.get(name)
+        if t is None:
+            raise SafetensorError(f"File does not contain tensor {name}")
+        return t
+
+    def _read(self, t: _Tensor) -> Any:
+        return _load(self._fw, [t])[t.name]
+
+    def get_tensor(self, name: str) -> Any:
+        """Read one tensor into memory of its own."""
+        return self._read(self._info(name))
+
+    def get_slice(self, name: str) -> _Slice:
+        """Return a lazy tensor: indexing it reads only the rows (first dimension) needed."""
+        return _Slice(self, self._info(name))
+
+    def get_tensors(self) -> dict[str, Any]:
+        """Read every tensor in one parallel read; they share one buffer (see the module)."""
+        return _load(self._fw, [self._ckpt.tensors[n] for n in self._ckpt.order])
+
+    def tensors(self) -> Iterator[tuple[str, Any]]:
+        """Yield ``(name, tensor)`` in file order as each tensor's bytes arrive.
+
+        Reads run ahead of the consumer by a window of bytes, so work on the first tensors
+        overlaps the reading of the rest; the tensors share one buffer (see the module).
+        """
+        ts = [self._ckpt.tensors[n] for n in self._ckpt.order]
+        for t in ts:
+            self._fw.check_dtype(t.name, t.dtype)
+        load = _Load(self._fw, ts)
+        pending: list[tuple[_Tensor, list[ferrio.IOFuture], tuple[str, int, int, int]]] = []
+        in_flight = 0
+        try:
+            i = 0
+            while i < len(ts) or pending:
+                while i < len(ts) and (in_flight < _STREAM_WINDOW_BYTES or not pending):
+                    t = ts[i]
+                    at = load.at[t.name]
+                    run = (t.path, t.begin, t.end, at)
+                    pending.append((t, load.start([run]), run))
+                    in_flight += t.nbytes
+                    i += 1
+                t, futures, run = pending.pop(0)
+                load.wait(futures, [run])
+                in_flight -= t.nbytes
+                yield t.name, load.view(t)
+        finally:
+            if pending:
+                ferrio.wait([f for _, fs, _ in pending for f in fs])
+            load.close()
+
+
+def load_file(
+    filename: PathLike | Sequence[PathLike],
+    device: Any = "cpu",
+    *,
+    framework: str = "pt",
+    backend: str | None = None,
+    tensor_filter: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Load every tensor (or those `tensor_filter` selects) of a file, directory or index.
+
+    All shards are read at once, straight into one buffer on `device` (see the module for what
+    owns the memory). ``framework`` is ``"pt"`` (default, as ``safetensors.torch``),
+    ``"numpy"`` or ``"cupy"``.
+    """
+    with safe_open(filename, framework, device, tensor_filter=tensor_filter) as f:
+        return f.get_tensors()
+
+
+def load(data: bytes, *, framework: str = "pt") -> dict[str, Any]:
+    """Load tensors from the bytes of a safetensors file; they share one host buffer (a copy)."""
+    start, _, entries = safetensors_parse_header(data)
+    fw = _framework(framework, "cpu")
+    for name, dtype, *_ in entries:
+        fw.check_dtype(name, dtype)
+    buf = fw.empty(len(data) - start)
+    fw.target(buf, 0, len(data) - start)[:] = memoryview(data)[start:]
+    return {name: fw.view(buf, b, e, dtype, list(shape)) for name, dtype, shape, b, e in entries}
+
+
+def _prepare(
+    tensors: Mapping[str, Any], metadata: Mapping[str, str] | None
+) -> tuple[bytes, list[tuple[Any, int]]]:
+    if not isinstance(tensors, Mapping):
+        raise ValueError(f"Expected a dict of [str, tensor] but received {type(tensors)}")
+    check_not_shared(dict(tensors))
+    specs, data = [], {}
+    for name, t in tensors.items():
+        dtype, shape, raw = to_bytes(name, t)
+        specs.append((name, dtype, shape))
+        data[name] = raw
+    header, places = safetensors_header_bytes(specs, None if metadata is None else dict(metadata))
+    return header, [(data[name], len(header) + b) for name, b, e in places if e > b]
+
+
+def save(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> bytes:
+    """Return the bytes of a safetensors file holding `tensors` (identical to safetensors')."""
+    header, parts = _prepare(tensors, metadata)
+    end = max((at + _nbytes(raw) for raw, at in parts), default=len(header))
+    out = bytearray(end)
+    out[: len(header)] = header
+    for raw, at in parts:
+        host = raw.get() if hasattr(raw, "get") else raw  # CuPy
+        if type(host).__module__.split(".")[0] == "torch":
+            host = host.cpu().numpy()
+        out[at : at + _nbytes(raw)] = memoryview(host).cast("B")
+    return bytes(out)
+
+
+def _nbytes(raw: Any) -> int:
+    n = raw.nbytes
+    return int(n() if callable(n) else n)
+
+
+def save_file(
+    tensors: Mapping[str, Any],
+    filename: PathLike,
+    metadata: Mapping[str, str] | None = None,
+    *,
+    fsync: bool = False,
+) -> None:
+    """Write `tensors` to `filename`, bytes identical to ``safetensors``' own ``save_file``.
+
+    Every tensor is written in parallel straight from its memory (host, or GPU through ferrio's
+    bounce buffers) into ``.NAME.ferrio-tmp-PID`` beside the target, flushed to the device when
+    `fsync` is true, then renamed over `filename`; on any error the temporary file is removed
+    and `filename` is untouched. Tensors must not be modified while the call runs.
+    """
+    header, parts = _prepare(tensors, metadata)
+    target = os.fspath(filename)
+    tmp = os.path.join(
+        os.path.dirname(target), f".{os.path.basename(target)}.ferrio-tmp-{os.getpid()}"
+    )
+    try:
+        with ferrio.open(tmp, "w") as f:
+            futures = [f.pwrite(header, offset=0)]
+            futures += [f.pwrite(raw, offset=at) for raw, at in parts]
+            ferrio.wait(futures)
+            if fsync:
+                f.sync()
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

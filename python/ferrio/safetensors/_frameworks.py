@@ -1,0 +1,277 @@
+"""Tensor libraries behind ``ferrio.safetensors``: buffers, dtype views and byte access.
+
+Each framework turns a device string into an allocator of one ``uint8`` buffer, builds a typed,
+shaped view of a byte range of it, and exposes a tensor's bytes for writing. The libraries are
+imported only when a framework is used, so none is a dependency of ferrio.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from ferrio._native import SafetensorError
+
+# safetensors name -> torch attribute name; looked up with getattr so that older torch works.
+_TORCH_NAMES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "C64": "complex64",
+    "F64": "float64",
+    "I64": "int64",
+    "U64": "uint64",
+}
+
+# safetensors name -> numpy dtype name: the types numpy has (as safetensors.numpy).
+_NUMPY_NAMES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "C64": "complex64",
+    "F64": "float64",
+    "I64": "int64",
+    "U64": "uint64",
+}
+
+FRAMEWORKS = ("pt", "torch", "numpy", "np", "cupy", "cp")
+
+
+def parse_device(device: Any) -> tuple[str, int | None]:
+    """Return ``("cpu", None)`` or ``("cuda", index or None for the current device)``."""
+    if isinstance(device, bool):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, not {device!r}")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"device index must be at least 0, not {device}")
+        return "cuda", device
+    text = str(device)  # also takes torch.device
+    if text == "cpu":
+        return "cpu", None
+    if text == "cuda":
+        return "cuda", None
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return "cuda", int(text[5:])
+    raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, not {device!r}")
+
+
+class Framework:
+    """One tensor library on one device."""
+
+    name: str
+
+    def __init__(self, device: Any) -> None:
+        self.kind, self.index = parse_device(device)
+
+    def empty(self, nbytes: int) -> Any:
+        """Return a new uint8 buffer of `nbytes` on the device."""
+        raise NotImplementedError
+
+    def target(self, buf: Any, begin: int, end: int) -> Any:
+        """Return what ``File.pread`` fills for bytes `begin`..`end` of `buf`."""
+        raise NotImplementedError
+
+    def view(self, buf: Any, begin: int, end: int, dtype: str, shape: list[int]) -> Any:
+        """Return bytes `begin`..`end` of `buf` as a tensor; copied if misaligned."""
+        raise NotImplementedError
+
+    def check_dtype(self, name: str, dtype: str) -> None:
+        """Raise TypeError when this library has no type for `dtype` (as safetensors does)."""
+        raise NotImplementedError
+
+
+def _misaligned(begin: int, dtype_bytes: int) -> bool:
+    return dtype_bytes > 1 and begin % dtype_bytes != 0
+
+
+class Torch(Framework):
+    """PyTorch tensors on the CPU or a GPU."""
+
+    name = "pt"
+
+    def __init__(self, device: Any) -> None:
+        super().__init__(device)
+        import torch  # type: ignore[import-not-found, unused-ignore]
+
+        self.torch = torch
+        self.device = (
+            torch.device("cpu")
+            if self.kind == "cpu"
+            else torch.device("cuda", self.index if self.index is not None else None)
+        )
+
+    def dtype(self, name: str) -> Any:
+        attr = _TORCH_NAMES.get(name)
+        dt = getattr(self.torch, attr, None) if attr else None
+        if dt is None:
+            raise TypeError(f"this torch has no dtype for safetensors' {name}")
+        return dt
+
+    def check_dtype(self, name: str, dtype: str) -> None:
+        try:
+            self.dtype(dtype)
+        except TypeError as e:
+            raise TypeError(f"tensor {name!r}: {e}") from None
+
+    def empty(self, nbytes: int) -> Any:
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
+
+    def target(self, buf: Any, begin: int, end: int) -> Any:
+        part = buf[begin:end]
+        # A host tensor has no buffer protocol; its numpy view shares the memory.
+        return part.numpy() if part.device.type == "cpu" else part
+
+    def view(self, buf: Any, begin: int, end: int, dtype: str, shape: list[int]) -> Any:
+        dt = self.dtype(dtype)
+        part = buf[begin:end]
+        if _misaligned(begin, dt.itemsize):
+            part = part.clone()
+        return part.view(dt).reshape(shape)
+
+
+class Numpy(Framework):
+    """numpy arrays in host memory."""
+
+    name = "numpy"
+
+    def __init__(self, device: Any) -> None:
+        super().__init__(device)
+        if self.kind != "cpu":
+            raise ValueError(f"framework 'numpy' holds host memory only, not device {device!r}")
+        import numpy
+
+        self.np = numpy
+
+    def check_dtype(self, name: str, dtype: str) -> None:
+        if dtype not in _NUMPY_NAMES:
+            raise TypeError(f"tensor {name!r}: numpy has no dtype for safetensors' {dtype}")
+
+    def empty(self, nbytes: int) -> Any:
+        return self.np.empty(nbytes, dtype=self.np.uint8)
+
+    def target(self, buf: Any, begin: int, end: int) -> Any:
+        return buf[begin:end]
+
+    def view(self, buf: Any, begin: int, end: int, dtype: str, shape: list[int]) -> Any:
+        dt = self.np.dtype(_NUMPY_NAMES[dtype])
+        part = buf[begin:end]
+        if _misaligned(begin, dt.itemsize):
+            part = part.copy()
+        return part.view(dt).reshape(shape)
+
+
+class Cupy(Numpy):
+    """CuPy arrays on a GPU."""
+
+    name = "cupy"
+
+    def __init__(self, device: Any) -> None:
+        Framework.__init__(self, device)
+        if self.kind != "cuda":
+            raise ValueError("framework 'cupy' holds GPU memory: use device 'cuda' or 'cuda:N'")
+        import cupy  # type: ignore[import-not-found, unused-ignore]
+
+        self.np = cupy
+
+    def empty(self, nbytes: int) -> Any:
+        if self.index is None:
+            return self.np.empty(nbytes, dtype=self.np.uint8)
+        with self.np.cuda.Device(self.index):
+            return self.np.empty(nbytes, dtype=self.np.uint8)
+
+
+def framework(name: str, device: Any) -> Framework:
+    """Return the framework called `name` on `device`."""
+    if name in ("pt", "torch"):
+        return Torch(device)
+    if name in ("numpy", "np"):
+        return Numpy(device)
+    if name in ("cupy", "cp"):
+        return Cupy(device)
+    raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, not {name!r}")
+
+
+def to_bytes(name: str, tensor: Any) -> tuple[str, list[int], Any]:
+    """Return ``(dtype, shape, bytes object for File.pwrite)`` of a torch, numpy or CuPy tensor.
+
+    The bytes object is a flat uint8 view of the tensor's memory (host: buffer protocol; GPU:
+    ``__cuda_array_interface__``), never a copy, except for a non-contiguous numpy or CuPy
+    array, which is packed first.
+    """
+    module = type(tensor).__module__.split(".")[0]
+    if module == "torch":
+        return _torch_bytes(name, tensor)
+    if module in ("numpy", "cupy"):
+        xp = __import__(module)
+        if tensor.dtype.byteorder == ">":
+            tensor = tensor.byteswap().view(tensor.dtype.newbyteorder("<"))
+        arr = xp.ascontiguousarray(tensor)
+        names = {v: k for k, v in _NUMPY_NAMES.items()}
+        dtype = names.get(arr.dtype.name)
+        if dtype is None:
+            raise ValueError(f"tensor {name!r}: safetensors has no dtype for {arr.dtype}")
+        # ascontiguousarray makes a 0-d array 1-d: the shape comes from the original.
+        return dtype, [int(d) for d in tensor.shape], arr.reshape(-1).view(xp.uint8)
+    raise ValueError(
+        f"tensor {name!r}: expected a torch tensor or a numpy or CuPy array, "
+        f"not {type(tensor).__name__}"
+    )
+
+
+def _torch_bytes(name: str, tensor: Any) -> tuple[str, list[int], Any]:
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    if tensor.layout != torch.strided:
+        raise ValueError(f"tensor {name!r}: sparse tensors cannot be saved; use .to_dense()")
+    if not tensor.is_contiguous():
+        # As safetensors.torch: packing silently could hide a view of a larger tensor.
+        raise ValueError(
+            f"You are trying to save a non contiguous tensor: `{name}` which is not allowed; "
+            "call `.contiguous()` on it first."
+        )
+    names = {getattr(torch, v): k for k, v in _TORCH_NAMES.items() if hasattr(torch, v)}
+    dtype = names.get(tensor.dtype)
+    if dtype is None:
+        raise ValueError(f"tensor {name!r}: safetensors has no dtype for {tensor.dtype}")
+    flat = tensor.reshape(-1).view(torch.uint8)
+    data = flat.numpy() if flat.device.type == "cpu" else flat
+    return dtype, [int(d) for d in tensor.shape], data
+
+
+def check_not_shared(tensors: dict[str, Any]) -> None:
+    """Refuse torch tensors whose memory overlaps, as ``safetensors.torch.save_file`` does."""
+    areas: list[tuple[str, int, int, str]] = []
+    for name, t in tensors.items():
+        if type(t).__module__.split(".")[0] != "torch" or t.device.type == "meta":
+            continue
+        nbytes = t.numel() * t.element_size()
+        if nbytes:
+            areas.append((str(t.device), t.data_ptr(), t.data_ptr() + nbytes, name))
+    areas.sort()
+    for (dev_a, _, end_a, name_a), (dev_b, start_b, _, name_b) in itertools.pairwise(areas):
+        if dev_a == dev_b and start_b < end_a:
+            raise RuntimeError(
+                f"Some tensors share memory: {name_a!r} and {name_b!r}; saving both would "
+                "duplicate it on disk. Save one, or clone them."
+            )
+
+
+__all__ = ["FRAMEWORKS", "Framework", "SafetensorError", "check_not_shared", "framework"]

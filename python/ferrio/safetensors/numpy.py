@@ -1,0 +1,31 @@
+"""``safetensors.numpy``'s functions, read and written by ferrio: swap the import to migrate.
+
+numpy has no bfloat16 or 8-bit float types: loading such a tensor raises ``TypeError``, as
+``safetensors.numpy`` does (select the others with ``tensor_filter``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ferrio.safetensors import PathLike, SafetensorError, safe_open, save, save_file
+from ferrio.safetensors import load as _load
+from ferrio.safetensors import load_file as _load_file
+
+__all__ = ["SafetensorError", "load", "load_file", "safe_open", "save", "save_file"]
+
+
+def load_file(
+    filename: PathLike | Sequence[PathLike],
+    *,
+    backend: str | None = None,
+    tensor_filter: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Load a file, directory of shards or index into numpy arrays."""
+    return _load_file(filename, "cpu", framework="numpy", tensor_filter=tensor_filter)
+
+
+def load(data: bytes) -> dict[str, Any]:
+    """Load numpy arrays from the bytes of a safetensors file."""
+    return _load(data, framework="numpy")

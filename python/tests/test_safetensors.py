@@ -1,0 +1,432 @@
+"""ferrio.safetensors against the real safetensors package: bit-identical loads and saves,
+shards, tensor_filter, slices, validation (one test per rule, plus a hypothesis fuzz)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+import time
+
+import numpy as np
+import pytest
+
+import ferrio
+import ferrio.safetensors as fs
+import ferrio.safetensors.numpy as fsn
+from ferrio.safetensors import SafetensorError
+
+sn = pytest.importorskip("safetensors.numpy")
+
+NUMPY_DTYPES = [
+    "bool", "uint8", "int8", "int16", "uint16", "float16", "int32", "uint32", "float32",
+    "complex64", "float64", "int64", "uint64",
+]  # fmt: skip
+
+
+def sample(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    raw = np.random.default_rng(seed).integers(
+        0, 256, size=int(np.prod(shape)) * np.dtype(dtype).itemsize, dtype=np.uint8
+    )
+    if dtype == "bool":
+        raw = raw % 2
+    return raw.view(dtype).reshape(shape)
+
+
+def all_numpy() -> dict[str, np.ndarray]:
+    d = {f"t.{dt}": sample(dt, (3, 5), i) for i, dt in enumerate(NUMPY_DTYPES)}
+    d["scalar"] = np.array(7, dtype=np.int32)
+    d["empty"] = np.zeros((0, 4), dtype=np.float32)
+    return d
+
+
+def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert a[k].tobytes() == b[k].tobytes(), k
+
+
+def test_every_numpy_dtype_loads_bit_identical_both_ways(tmp_path):
+    d = all_numpy()
+    theirs = tmp_path / "theirs.safetensors"
+    sn.save_file(d, theirs)
+    assert_same(fsn.load_file(theirs), sn.load_file(theirs))
+    assert_same(fs.load_file(theirs, framework="numpy"), d)
+    ours = tmp_path / "ours.safetensors"
+    fsn.save_file(d, ours)
+    assert_same(sn.load_file(ours), d)
+    assert_same(fsn.load(ours.read_bytes()), d)
+
+
+@pytest.mark.parametrize("metadata", [None, {}, {"format": "np"}])
+def test_saved_bytes_equal_safetensors(tmp_path, metadata):
+    d = all_numpy()
+    assert fsn.save(d, metadata=metadata) == sn.save(d, metadata=metadata)
+    fsn.save_file(d, tmp_path / "a", metadata=metadata)
+    sn.save_file(d, tmp_path / "b", metadata=metadata)
+    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+
+
+def test_safe_open_api(tmp_path):
+    d = {"b": np.arange(12, dtype=np.float32).reshape(4, 3), "a": np.arange(4, dtype=np.int8)}
+    p = tmp_path / "m.safetensors"
+    sn.save_file(d, p, metadata={"k": "v"})
+    with fs.safe_open(p, framework="numpy", backend="mmap") as f:
+        assert f.keys() == ["a", "b"]
+        assert f.offset_keys() == ["b", "a"]
+        assert f.metadata() == {"k": "v"}
+        np.testing.assert_array_equal(f.get_tensor("a"), d["a"])
+        sl = f.get_slice("b")
+        assert sl.get_shape() == [4, 3] and sl.get_dtype() == "F32"
+        np.testing.assert_array_equal(sl[1:3], d["b"][1:3])
+        np.testing.assert_array_equal(sl[-1], d["b"][-1])
+        np.testing.assert_array_equal(sl[::-2, 1:], d["b"][::-2, 1:])
+        np.testing.assert_array_equal(sl[5:], d["b"][5:])
+        assert [n for n, _ in f.tensors()] == ["b", "a"]
+        with pytest.raises(SafetensorError, match="does not contain tensor zz"):
+            f.get_tensor("zz")
+
+
+def test_numpy_refuses_what_numpy_lacks_like_safetensors(tmp_path):
+    p = tmp_path / "bf.safetensors"
+    write_raw(p, {"x": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}, 4)
+    with pytest.raises(TypeError), sn.safe_open(p, "np") as f:
+        f.get_tensor("x")
+    with pytest.raises(TypeError, match="BF16"):
+        fsn.load_file(p)
+
+
+def test_sharded_directory_and_index(tmp_path):
+    d1 = {"a": sample("float32", (4, 4), 1), "b": sample("int64", (3,), 2)}
+    d2 = {"c": sample("float16", (8,), 3)}
+    sn.save_file(d1, tmp_path / "model-00001-of-00002.safetensors")
+    sn.save_file(d2, tmp_path / "model-00002-of-00002.safetensors")
+    assert_same(fsn.load_file(tmp_path), {**d1, **d2})
+    first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    index = {"metadata": {}, "weight_map": {"a": first, "b": first, "c": second}}
+    (tmp_path / "consolidated.safetensors.index.json").write_text(json.dumps(index))
+    assert_same(fsn.load_file(tmp_path / "consolidated.safetensors.index.json"), {**d1, **d2})
+    assert_same(fsn.load_file(tmp_path), {**d1, **d2})  # the directory's one index is used
+    assert_same(fsn.load_file([tmp_path / "model-00002-of-00002.safetensors"]), d2)
+
+
+def test_duplicate_across_shards_names_both_files(tmp_path):
+    sn.save_file({"a": np.zeros(2)}, tmp_path / "x.safetensors")
+    sn.save_file({"a": np.ones(2)}, tmp_path / "y.safetensors")
+    with pytest.raises(SafetensorError, match=r"x\.safetensors and .*y\.safetensors"):
+        fsn.load_file(tmp_path)
+
+
+def test_index_pointing_at_the_wrong_file(tmp_path):
+    sn.save_file({"a": np.zeros(2)}, tmp_path / "x.safetensors")
+    sn.save_file({"b": np.zeros(2)}, tmp_path / "y.safetensors")
+    (tmp_path / "m.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "y.safetensors", "b": "y.safetensors"}})
+    )
+    with pytest.raises(SafetensorError, match="'a'"):
+        fsn.load_file(tmp_path)
+
+
+class Recorder:
+    """Stands in for ferrio.open and records every (offset, size) read of tensor bytes."""
+
+    def __init__(self, monkeypatch):
+        self.reads: list[tuple[int, int]] = []
+        real = ferrio.open
+        rec = self
+
+        class Proxy:
+            def __init__(self, path, mode="r"):
+                self.f = real(path, mode)
+
+            def pread(self, buf, size=None, offset=0):
+                rec.reads.append((offset, memoryview(buf).nbytes))
+                return self.f.pread(buf, size, offset)
+
+            def close(self):
+                self.f.close()
+
+        monkeypatch.setattr(ferrio, "open", Proxy)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, n in self.reads)
+
+
+def test_tensor_filter_reads_only_selected_bytes(tmp_path, monkeypatch):
+    d = {f"layer.{i}.w": sample("float32", (256, 256), i) for i in range(4)}
+    d["embed"] = sample("uint8", (1 << 20,), 9)
+    p = tmp_path / "m.safetensors"
+    sn.save_file(d, p)
+    rec = Recorder(monkeypatch)
+    got = fsn.load_file(p, tensor_filter=["layer.[13].*"])
+    assert sorted(got) == ["layer.1.w", "layer.3.w"]
+    assert_same(got, {k: d[k] for k in got})
+    assert rec.nbytes == 2 * 256 * 256 * 4
+
+
+def test_get_slice_reads_only_needed_rows(tmp_path, monkeypatch):
+    w = sample("float32", (1000, 64), 4)
+    p = tmp_path / "m.safetensors"
+    sn.save_file({"w": w}, p)
+    rec = Recorder(monkeypatch)
+    with fs.safe_open(p, "numpy") as f:
+        np.testing.assert_array_equal(f.get_slice("w")[10:20:3], w[10:20:3])
+    assert rec.nbytes == (19 - 10 + 1) * 64 * 4
+
+
+def test_loaded_tensors_are_writable_and_aligned(tmp_path):
+    d = {"a": sample("uint8", (3,), 1), "b": sample("float64", (5,), 2)}
+    p = tmp_path / "m.safetensors"
+    write_raw(p, {"a": {"dtype": "U8", "shape": [3], "data_offsets": [0, 3]},
+                  "b": {"dtype": "F64", "shape": [5], "data_offsets": [3, 43]}},
+              0, d["a"].tobytes() + d["b"].tobytes())  # fmt: skip
+    got = fsn.load_file(p)
+    assert_same(got, d)
+    assert got["b"].flags.aligned and got["b"].flags.writeable
+
+
+def test_save_file_is_atomic(tmp_path):
+    p = tmp_path / "m.safetensors"
+    p.write_bytes(b"old")
+    with pytest.raises(ValueError, match="complex128"):
+        fsn.save_file({"a": np.zeros(2), "z": np.zeros(2, dtype=np.complex128)}, p)
+    assert p.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["m.safetensors"]
+    fsn.save_file({"a": np.zeros(2)}, p, fsync=True) if False else fs.save_file(
+        {"a": np.zeros(2)}, p, fsync=True
+    )
+    assert_same(sn.load_file(p), {"a": np.zeros(2)})
+    assert os.listdir(tmp_path) == ["m.safetensors"]
+
+
+# --- validation: one test per rule ---
+
+
+def write_raw(
+    path, header: dict, data_len: int, data: bytes | None = None, pad: bool = True
+) -> None:
+    h = json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        h += b" " * (-len(h) % 8)
+    body = data if data is not None else bytes(data_len)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + body)
+
+
+def f32(b: int, e: int, shape: list[int]) -> dict:
+    return {"dtype": "F32", "shape": shape, "data_offsets": [b, e]}
+
+
+@pytest.mark.parametrize(
+    ("raw", "pattern"),
+    [
+        (b"\x01\x02", "shorter than the 8-byte"),
+        (struct.pack("<Q", 100_000_001) + b"{}", "exceeds the limit of 100000000"),
+        (struct.pack("<Q", 64) + b"{}", "runs past the end"),
+        (struct.pack("<Q", 5) + b"[1,2]", "not a JSON object"),
+        (struct.pack("<Q", 4) + b"\xff\xfe{}", "not a JSON object"),
+    ],
+)
+def test_header_rules(tmp_path, raw, pattern):
+    p = tmp_path / "bad.safetensors"
+    p.write_bytes(raw)
+    with pytest.raises(SafetensorError, match=pattern):
+        fsn.load_file(p)
+    with pytest.raises(ValueError, match=pattern):
+        fsn.load(raw)
+
+
+@pytest.mark.parametrize(
+    ("header", "data_len", "tensor", "pattern"),
+    [
+        ({"a": {"dtype": "F31", "shape": [1], "data_offsets": [0, 4]}}, 4, "a", "unknown dtype"),
+        ({"a": f32(0, 8, [1])}, 8, "a", "size: shape"),
+        ({"a": f32(0, 4, [1]), "b": f32(8, 12, [1])}, 12, "b", "hole"),
+        ({"a": f32(0, 8, [2]), "b": f32(4, 12, [2])}, 12, "b", "overlap"),
+        ({"a": f32(0, 4, [1])}, 9, "a", "holds 9 bytes after the header"),
+        ({"a": f32(4, 0, [1])}, 4, "a", "end before they begin"),
+        ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, 4, "a", "non-negative"),
+        ({"__metadata__": {"k": 3}}, 0, "__metadata__", "not a string"),
+    ],
+)
+def test_tensor_rules(tmp_path, header, data_len, tensor, pattern):
+    p = tmp_path / "bad.safetensors"
+    write_raw(p, header, data_len)
+    with pytest.raises(SafetensorError, match=pattern) as e:
+        fsn.load_file(p)
+    assert f'tensor "{tensor}"' in str(e.value)
+    assert str(p) in str(e.value)
+
+
+def test_duplicate_names_are_refused(tmp_path):
+    p = tmp_path / "dup.safetensors"
+    entry = '{{"dtype":"U8","shape":[1],"data_offsets":[{},{}]}}'
+    h = ('{"a":' + entry.format(0, 1) + ',"a":' + entry.format(1, 2) + "}").encode()
+    p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0\0")
+    with pytest.raises(SafetensorError, match="appears twice"):
+        fs.safe_open(p, "numpy")
+
+
+def test_truncated_files_never_crash(tmp_path):
+    data = sn.save(all_numpy())
+    p = tmp_path / "t.safetensors"
+    for n in range(0, len(data), 37):
+        p.write_bytes(data[:n])
+        with pytest.raises(SafetensorError):
+            fsn.load_file(p)
+
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=6),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=4), kids, max_size=4)
+    ),
+    max_leaves=12,
+)
+_entries = st.dictionaries(
+    st.sampled_from(["a", "b", "__metadata__"]) | st.text(max_size=3),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "dtype": st.sampled_from(["F32", "U8", "BF16", "F4", "F6_E2M3", "X"]) | _json_values,
+            "shape": st.lists(st.integers(-1, 2**40), max_size=3) | _json_values,
+            "data_offsets": st.lists(st.integers(-1, 64), min_size=0, max_size=3) | _json_values,
+        },
+    )
+    | _json_values,
+    max_size=4,
+)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(
+    header=_entries, data_len=st.integers(0, 80), pad=st.booleans(),
+    garbage=st.binary(max_size=64), length=st.one_of(st.none(), st.integers(0, 2**64 - 1)),
+)  # fmt: skip
+def test_fuzzed_headers_never_crash(tmp_path_factory, header, data_len, pad, garbage, length):
+    p = tmp_path_factory.mktemp("fuzz") / "f.safetensors"
+    write_raw(p, header, data_len, pad=pad)
+    raw = p.read_bytes()
+    if length is not None:
+        raw = struct.pack("<Q", length) + raw[8:]
+    for blob in (raw, raw + garbage, garbage):
+        p.write_bytes(blob)
+        started = time.monotonic()
+        with contextlib.suppress(SafetensorError, ValueError, TypeError, OSError):
+            fsn.load_file(p)
+        assert time.monotonic() - started < 5
+
+
+# --- torch (the GPU machine has it) ---
+
+
+def torch_samples(torch):
+    names = ["bool", "uint8", "int8", "float8_e5m2", "float8_e4m3fn", "float8_e8m0fnu",
+             "float8_e4m3fnuz", "float8_e5m2fnuz", "int16", "uint16", "float16", "bfloat16",
+             "int32", "uint32", "float32", "complex64", "float64", "int64", "uint64"]  # fmt: skip
+    out = {}
+    for i, n in enumerate(names):
+        dt = getattr(torch, n, None)
+        if dt is None:
+            continue
+        raw = torch.randint(
+            0,
+            256,
+            (6 * 4 * dt.itemsize,),
+            dtype=torch.uint8,
+            generator=torch.Generator().manual_seed(i),
+        )
+        if dt == torch.bool:
+            raw = raw % 2
+        out[f"t.{n}"] = raw.view(dt).reshape(6, 4)
+    return out
+
+
+def torch_same(torch, a, b):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert torch.equal(a[k].cpu().view(torch.uint8), b[k].cpu().view(torch.uint8)), k
+
+
+def test_torch_every_dtype_bit_identical(tmp_path):
+    torch = pytest.importorskip("torch")
+    st_torch = pytest.importorskip("safetensors.torch")
+    import ferrio.safetensors.torch as fst
+
+    d = torch_samples(torch)
+    p = tmp_path / "t.safetensors"
+    # safetensors' writer may not know every dtype this torch has: keep those it saves.
+    d = {k: v for k, v in d.items() if _saves(st_torch, k, v)}
+    st_torch.save_file(d, p)
+    torch_same(torch, fst.load_file(p), st_torch.load_file(p))
+    ours = tmp_path / "ours.safetensors"
+    fst.save_file(d, ours)
+    assert ours.read_bytes() == p.read_bytes()
+    torch_same(torch, st_torch.load_file(ours), d)
+    torch_same(torch, fst.load(p.read_bytes()), d)
+
+
+def _saves(st_torch, k, v) -> bool:
+    try:
+        st_torch.save({k: v})
+    except Exception:
+        return False
+    return True
+
+
+def test_torch_refuses_noncontiguous_and_shared(tmp_path):
+    torch = pytest.importorskip("torch")
+    import ferrio.safetensors.torch as fst
+
+    a = torch.zeros(4, 4)
+    with pytest.raises(ValueError, match="non contiguous"):
+        fst.save_file({"a": a.t()}, tmp_path / "x")
+    with pytest.raises(RuntimeError, match="share memory"):
+        fst.save_file({"a": a, "b": a[1:]}, tmp_path / "x")
+    fst.save_file({"a": a[:2], "b": a[2:]}, tmp_path / "x")  # disjoint views are fine
+    assert (tmp_path / "x").read_bytes() != b""
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", 0])
+def test_torch_cuda_loads_and_saves(tmp_path, device):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    st_torch = pytest.importorskip("safetensors.torch")
+    import ferrio.safetensors.torch as fst
+
+    d = {k: v for k, v in torch_samples(torch).items() if _saves(st_torch, k, v)}
+    p = tmp_path / "t.safetensors"
+    st_torch.save_file(d, p)
+    got = fst.load_file(p, device=device)
+    assert all(t.is_cuda for t in got.values())
+    torch_same(torch, got, st_torch.load_file(p))
+    with fst.safe_open(p, "pt", device=device) as f:
+        streamed = dict(f.tensors())
+        torch_same(torch, streamed, d)
+        assert f.get_slice("t.float32")[2:4].is_cuda
+    ours = tmp_path / "gpu.safetensors"
+    fst.save_file(got, ours)  # written straight from GPU memory
+    assert ours.read_bytes() == p.read_bytes()
+
+
+def test_cupy_loads(tmp_path):
+    cupy = pytest.importorskip("cupy")
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        pytest.skip("no CUDA device")
+    d = all_numpy()
+    p = tmp_path / "c.safetensors"
+    sn.save_file(d, p)
+    got = fs.load_file(p, device="cuda:0", framework="cupy")
+    assert_same({k: cupy.asnumpy(v) for k, v in got.items()}, d)
+    ours = tmp_path / "ours.safetensors"
+    fs.save_file(got, ours)
+    assert ours.read_bytes() == p.read_bytes()
