@@ -1,17 +1,19 @@
 //! Every raw syscall ferrio makes, wrapped so that callers get `io::Result` and never see `errno`.
 //!
 //! This module owns file descriptors' syscalls (open, pread/pwrite loops, statx, cachestat,
-//! fadvise, mincore, sync) and aligned allocations. Nothing here knows about tasks, pools or
+//! fadvise, mincore, sync), aligned allocations and the id of the running process. Nothing here knows about tasks, pools or
 //! settings.
 
 mod aligned;
 mod copy;
+mod process;
 pub(crate) mod statfs;
 
 pub use aligned::AlignedBuf;
 pub use copy::{
     copy_file_range, copy_unsupported, futimens, lutimens, seek_data, seek_hole, umask, Timestamp,
 };
+pub use process::process_id;
 
 use std::ffi::CString;
 use std::io;
