@@ -202,7 +202,9 @@ impl Completion {
 /// file). On the first failing task, tasks not yet started are cancelled and the future resolves
 /// once every running task has returned. Dropping a future waits for the operation: no task
 /// outlives its future. `B` is the buffer the future owns while the operation runs (see
-/// [`IoFuture::into_buffer`]).
+/// [`IoFuture::into_buffer`]). In a process forked after the operation started, the future
+/// fails at once with [`Error::InvalidArgument`] and dropping it does not wait: its tasks run
+/// only in the process that started them.
 #[must_use = "an IoFuture does nothing useful unless waited on; dropping it blocks until done"]
 pub struct IoFuture<B = ()> {
     completion: Arc<Completion>,
