@@ -15,7 +15,7 @@
 //! flowing, and the job still completes only when all its work has.
 //!
 //! Pools belong to the process that built them: a forked child never uses its parent's (their
-//! threads are gone; see `registry.rs`), and [`DevicePool::is_current`] tells which is which.
+//! threads are gone; see `registry.rs`), and `DevicePool::is_current` tells which is which.
 //!
 //! Lock order: the registry lock is never held while a pool's queue lock is taken; a pool's
 //! queue lock is held only to push or pop jobs (never across a task or a syscall); a
