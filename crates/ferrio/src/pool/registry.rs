@@ -33,8 +33,10 @@ pub(crate) struct Process {
 
 impl Process {
     /// Whether this is the calling process's registry (not one inherited through `fork`).
+    /// Compared by identity, not by id: a registry inherited from a process long gone stays
+    /// foreign even if this process was given that process's id again.
     pub(super) fn is_current(&self) -> bool {
-        self.pid == sys::process_id()
+        std::ptr::eq(self, process())
     }
 }
 
