@@ -64,7 +64,7 @@ impl File {
             len,
             min_task,
             plan::MAX_DEVICE_TASK.max(min_task),
-            2 * self.inner.pool.width() as u64,
+            2 * self.pool().width() as u64,
             self.plan_align(),
         );
         if direction == Direction::Write {

@@ -117,7 +117,9 @@ struct Inner {
     direct_refused: AtomicBool,
     /// Next append offset, for modes `a` and `a+`.
     append_at: Mutex<u64>,
-    pool: Arc<DevicePool>,
+    /// The pool found at open. In a process forked after the open it belongs to the parent and
+    /// is never used: [`File::current_pool`] finds the child's own.
+    opened_pool: &'static Arc<DevicePool>,
     /// Whether the file lives on a block device (a local file system), not NFS/FUSE/tmpfs.
     local: bool,
     /// The settings at open (thread cap, bounce-ring sizes).
@@ -181,7 +183,7 @@ impl File {
                 direct,
                 direct_refused: AtomicBool::new(false),
                 append_at: Mutex::new(st.st_size as u64),
-                pool,
+                opened_pool: pool,
                 local,
                 settings: settings.clone(),
             }),
@@ -252,9 +254,22 @@ impl File {
         }
     }
 
-    /// The worker pool serving this file.
+    /// The worker pool serving this file (in a process forked after the open, the child's pool
+    /// for the same device).
     pub fn pool(&self) -> &DevicePool {
-        &self.inner.pool
+        self.current_pool()
+    }
+
+    /// The pool requests go to: the one found at open, unless this process was forked from the
+    /// one that opened the file; then this process's pool for the same device, since the
+    /// parent's has no threads here (one atomic load per call when nothing was forked).
+    fn current_pool(&self) -> &Arc<DevicePool> {
+        let opened = self.inner.opened_pool;
+        if opened.is_current() {
+            opened
+        } else {
+            pool::pool_in_this_process(opened)
+        }
     }
 
     /// Reads `buf.io_len()` bytes at `offset` into `buf` in parallel; the future owns the buffer
@@ -472,8 +487,7 @@ impl File {
     /// Queues `request` on the file's pool; returns its completion.
     fn queue(&self, request: Request) -> Arc<Completion> {
         let completion = Arc::clone(&request.completion);
-        self.inner
-            .pool
+        self.current_pool()
             .submit(request, self.inner.settings.max_threads);
         completion
     }
@@ -523,7 +537,7 @@ impl std::fmt::Debug for File {
             .field("path", &self.inner.path)
             .field("mode", &self.inner.mode)
             .field("direct", &self.inner.direct)
-            .field("pool", &self.inner.pool.key())
+            .field("pool", &self.pool().key())
             .finish()
     }
 }

@@ -184,7 +184,7 @@ impl File {
         };
         // SAFETY: forwarded: `dst` is valid for `len` bytes.
         let (done, outcome) = unsafe { sys::pread_direct(dfd, dst, len, off, align) };
-        self.inner.pool.count_path(true, done);
+        self.pool().count_path(true, done);
         match outcome {
             Ok(()) => {}
             Err(e) if done == 0 && e.raw_os_error() == Some(libc::EINVAL) => {
@@ -211,7 +211,7 @@ impl File {
         // SAFETY: forwarded.
         let n = unsafe { sys::pread_full(self.fd(), dst, len, off) }
             .map_err(|e| self.err(Op::Read, off, len as u64, e))?;
-        self.inner.pool.count_path(false, n);
+        self.pool().count_path(false, n);
         Ok(n)
     }
 }

@@ -189,7 +189,7 @@ impl File {
         // SAFETY: forwarded.
         unsafe { sys::pwrite_full(self.fd(), src, len, off) }
             .map_err(|e| self.err(Op::Write, off, len as u64, e))?;
-        self.inner.pool.count_path(false, len);
+        self.pool().count_path(false, len);
         Ok(())
     }
 
@@ -233,7 +233,7 @@ impl File {
             };
             // SAFETY: `data` is valid for `n` bytes (caller's memory or our scratch).
             match unsafe { sys::pwrite_full(dfd, data, n, off + done as u64) } {
-                Ok(()) => self.inner.pool.count_path(true, n),
+                Ok(()) => self.pool().count_path(true, n),
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     self.inner.direct_refused.store(true, Ordering::Relaxed);
                     // SAFETY: the rest of the caller's memory.

@@ -1,5 +1,9 @@
 //! [`IoFuture`]: the handle of one parallel read or write, and the shared completion state its
 //! tasks report into.
+//!
+//! A future started before a `fork` and waited on in the child never completes there (its tasks
+//! ran, or run, on the parent's threads, which the child does not have), and its lock may have
+//! been held at the fork: in the child it fails at once without taking that lock.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -18,6 +22,8 @@ pub(crate) struct Completion {
     bytes: AtomicU64,
     start: u64,
     len: usize,
+    /// The process whose tasks report here.
+    pid: u32,
 }
 
 struct State {
@@ -61,7 +67,22 @@ impl Completion {
             bytes: AtomicU64::new(0),
             start,
             len,
+            pid: crate::sys::process_id(),
         })
+    }
+
+    /// Whether this request was started by another process, the parent this one was forked from.
+    fn is_inherited(&self) -> bool {
+        self.pid != crate::sys::process_id()
+    }
+
+    /// The outcome of a request started before a fork, as seen in the child.
+    fn inherited_error(&self) -> Error {
+        Error::InvalidArgument(format!(
+            "this request (offset {}, {} bytes) was started by process {} before it forked; \
+             its tasks do not run in this process",
+            self.start, self.len, self.pid
+        ))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -124,11 +145,14 @@ impl Completion {
     }
 
     fn is_done(&self) -> bool {
-        self.lock().done
+        self.is_inherited() || self.lock().done
     }
 
     /// Waits until the outcome is known (`settled`: and the callbacks have run) or `deadline`.
     fn wait_until(&self, deadline: Option<Instant>, settled: bool) -> bool {
+        if self.is_inherited() {
+            return true;
+        }
         let mut st = self.lock();
         while !(if settled { st.settled } else { st.done }) {
             match deadline {
@@ -150,10 +174,16 @@ impl Completion {
     }
 
     fn result(&self) -> Result<usize> {
+        if self.is_inherited() {
+            return Err(self.inherited_error());
+        }
         self.lock().outcome(self.start, self.len)
     }
 
     fn on_done(&self, cb: Callback) {
+        if self.is_inherited() {
+            return cb(Err(self.inherited_error()));
+        }
         let mut st = self.lock();
         if st.done {
             let outcome = st.outcome(self.start, self.len);
@@ -172,7 +202,9 @@ impl Completion {
 /// file). On the first failing task, tasks not yet started are cancelled and the future resolves
 /// once every running task has returned. Dropping a future waits for the operation: no task
 /// outlives its future. `B` is the buffer the future owns while the operation runs (see
-/// [`IoFuture::into_buffer`]).
+/// [`IoFuture::into_buffer`]). In a process forked after the operation started, the future
+/// fails at once with [`Error::InvalidArgument`] and dropping it does not wait: its tasks run
+/// only in the process that started them.
 #[must_use = "an IoFuture does nothing useful unless waited on; dropping it blocks until done"]
 pub struct IoFuture<B = ()> {
     completion: Arc<Completion>,

@@ -14,6 +14,9 @@
 //! before its thread ends. A worker running several tasks of one job in a row so keeps its copies
 //! flowing, and the job still completes only when all its work has.
 //!
+//! Pools belong to the process that built them: a forked child never uses its parent's (their
+//! threads are gone; see `registry.rs`), and `DevicePool::is_current` tells which is which.
+//!
 //! Lock order: the registry lock is never held while a pool's queue lock is taken; a pool's
 //! queue lock is held only to push or pop jobs (never across a task or a syscall); a
 //! `Completion` lock is taken last and only by `future.rs`.
@@ -24,8 +27,8 @@ mod threads;
 
 pub(crate) use future::Completion;
 pub use future::{wait_all, IoFuture};
-pub(crate) use registry::pool_for_device;
 pub use registry::stats;
+pub(crate) use registry::{pool_for_device, pool_in_this_process};
 #[cfg(any(test, feature = "testing"))]
 pub use threads::{default_threads, suggested_threads};
 
@@ -37,6 +40,7 @@ use std::time::Instant;
 use crate::error::Result;
 use crate::plan::Task;
 use crate::buffer::AlignedBuf;
+use registry::Process;
 
 /// Per-thread state a task may use: scratch memory for unaligned direct I/O, reused across
 /// tasks so no task allocates, and work a task left running on the thread.
@@ -235,10 +239,9 @@ pub struct DevicePool {
     ready: Condvar,
     started: AtomicUsize,
     counters: Counters,
+    /// The process whose pool this is, and where its threads are counted.
+    process: &'static Process,
 }
-
-/// Threads started by all pools together (checked against the global cap).
-static TOTAL_THREADS: AtomicUsize = AtomicUsize::new(0);
 
 impl DevicePool {
     fn new(key: String, max_threads: usize) -> Arc<DevicePool> {
@@ -249,7 +252,15 @@ impl DevicePool {
             ready: Condvar::new(),
             started: AtomicUsize::new(0),
             counters: Counters::default(),
+            process: registry::process(),
         })
+    }
+
+    /// Whether this pool belongs to the calling process. A pool inherited through `fork` has no
+    /// threads in the child and may have its locks held forever: the child must use its own
+    /// ([`pool_in_this_process`]).
+    pub(crate) fn is_current(&self) -> bool {
+        self.process.is_current()
     }
 
     /// The pool's key.
@@ -303,7 +314,7 @@ impl DevicePool {
             if have >= want {
                 return;
             }
-            if have > 0 && TOTAL_THREADS.load(Ordering::Acquire) >= thread_cap {
+            if have > 0 && self.process.threads.load(Ordering::Acquire) >= thread_cap {
                 return;
             }
             if self
@@ -313,7 +324,7 @@ impl DevicePool {
             {
                 continue;
             }
-            TOTAL_THREADS.fetch_add(1, Ordering::AcqRel);
+            self.process.threads.fetch_add(1, Ordering::AcqRel);
             let pool = Arc::clone(self);
             let name = format!("ferrio-{}-{}", self.key, have);
             if std::thread::Builder::new()
@@ -323,7 +334,7 @@ impl DevicePool {
             {
                 // Out of threads: the ones already running will drain the queue.
                 self.started.fetch_sub(1, Ordering::AcqRel);
-                TOTAL_THREADS.fetch_sub(1, Ordering::AcqRel);
+                self.process.threads.fetch_sub(1, Ordering::AcqRel);
                 return;
             }
         }
@@ -408,7 +419,7 @@ impl DevicePool {
                 .compare_exchange(have, have - 1, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
-                    TOTAL_THREADS.fetch_sub(1, Ordering::AcqRel);
+                    self.process.threads.fetch_sub(1, Ordering::AcqRel);
                     return true;
                 }
                 Err(now) => have = now,
@@ -493,9 +504,9 @@ impl std::fmt::Debug for DevicePool {
 const INLINE_MAX_BYTES: usize = 64 << 10;
 
 #[cfg(any(test, feature = "testing"))]
-/// I/O worker threads started by all pools together.
+/// I/O worker threads started by all pools of this process together.
 pub fn total_threads() -> usize {
-    TOTAL_THREADS.load(Ordering::Relaxed)
+    registry::process().threads.load(Ordering::Relaxed)
 }
 
 #[cfg(test)]

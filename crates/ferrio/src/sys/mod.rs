@@ -1,15 +1,17 @@
 //! Every raw syscall ferrio makes, wrapped so that callers get `io::Result` and never see `errno`.
 //!
 //! This module owns file descriptors' syscalls (open, fcntl, pread/pwrite loops, statx,
-//! cachestat, fadvise, mincore, sync, the block-device size ioctl).
-//! Nothing here knows about tasks, pools or settings.
+//! cachestat, fadvise, mincore, sync, the block-device size ioctl) and the id of the running
+//! process. Nothing here knows about tasks, pools or settings.
 
 mod copy;
+mod process;
 pub(crate) mod statfs;
 
 pub use copy::{
     copy_file_range, copy_unsupported, futimens, lutimens, seek_data, seek_hole, umask, Timestamp,
 };
+pub use process::process_id;
 
 use std::ffi::CString;
 use std::io;

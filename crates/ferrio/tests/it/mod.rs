@@ -3,6 +3,7 @@ mod copy;
 mod direct;
 mod engine;
 mod errors;
+mod fork;
 mod gpu;
 mod pagecache;
 mod readme;

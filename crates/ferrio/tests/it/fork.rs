@@ -1,0 +1,164 @@
+//! A forked child builds its own worker pools (issue 14): after the parent has used a device's
+//! pool, reads in the child complete, through a file it opens and through one the parent opened,
+//! and the child's statistics show only its own pools.
+//!
+//! The fork runs in a fresh copy of this test binary that runs one test only, so that no other
+//! test's thread holds a lock at the moment of the fork; both that copy and the forked child
+//! run under a deadline and are killed past it, so a regression fails instead of hanging.
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use super::common::{data, disk_dir, make_file};
+
+/// Set in the environment of the copy of this binary that forks: a file it writes once its
+/// checks have passed (so the outer test knows the inner one ran, not was filtered out).
+const INNER: &str = "FERRIO_TEST_FORK_INNER";
+
+/// How long the forked child may take; the copy of the binary gets twice as long, so that it
+/// is the one that kills a hung child (a child outliving its killed parent would be orphaned).
+const DEADLINE: Duration = Duration::from_secs(30);
+
+const MIB: usize = 1 << 20;
+
+/// Waits for `child` up to `limit`; kills it past that and says so.
+fn wait_with_deadline(
+    mut child: Child,
+    limit: Duration,
+) -> Result<std::process::ExitStatus, String> {
+    let t0 = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(status),
+            Ok(None) if t0.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("still running after {limit:?}: killed (a hang)"));
+            }
+            Err(e) => return Err(format!("waiting for the child: {e}")),
+        }
+    }
+}
+
+#[test]
+fn a_forked_child_reads_through_its_own_pools() {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = disk_dir();
+    let passed = dir.path().join("passed");
+    let child = Command::new(exe)
+        .args([
+            "it::fork::inner_fork_and_read_in_the_child",
+            "--exact",
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(INNER, &passed)
+        .spawn()
+        .expect("start a copy of the test binary");
+    let status =
+        wait_with_deadline(child, 2 * DEADLINE).unwrap_or_else(|e| panic!("the forking test: {e}"));
+    assert!(status.success(), "the forking test failed: {status}");
+    assert!(passed.exists(), "the forking test did not run");
+}
+
+/// What the forked child checks; returns the exit code (0: all well).
+fn in_child(
+    parent_file: &ferrio::File,
+    path: &std::path::Path,
+    want: &[u8],
+    pending: ferrio::IoFuture<Vec<u8>>,
+) -> i32 {
+    // A read the parent started before the fork runs on the parent's threads only: waiting for
+    // it here fails at once instead of hanging.
+    if pending.wait().is_ok() {
+        return 9;
+    }
+    let mut buf = vec![0u8; MIB];
+    // A file the parent opened (its handle points at the parent's pool).
+    match parent_file.read_at(&mut buf, 0) {
+        Ok(n) if n == MIB && buf == want => {}
+        _ => return 10,
+    }
+    // A file the child opens.
+    buf.fill(0);
+    let Ok(f) = ferrio::File::open(path, "r") else {
+        return 11;
+    };
+    match f.read_at(&mut buf, 0) {
+        Ok(n) if n == MIB && buf == want => {}
+        _ => return 12,
+    }
+    // Only the child's own pools, counting only the child's two reads.
+    let read: u64 = ferrio::stats().iter().map(|p| p.bytes_read).sum();
+    if read != 2 * MIB as u64 {
+        return 13;
+    }
+    if ferrio::pool::total_threads() == 0 || f.pool().stats().bytes_read != 2 * MIB as u64 {
+        return 14;
+    }
+    0
+}
+
+#[test]
+#[ignore = "run by a_forked_child_reads_through_its_own_pools in a process of its own"]
+fn inner_fork_and_read_in_the_child() {
+    let Some(passed) = std::env::var_os(INNER) else {
+        return;
+    };
+    let dir = disk_dir();
+    let bytes = data(2 * MIB, 14);
+    let path = make_file(dir.path(), "big.bin", &bytes);
+    let file = ferrio::File::open(&path, "r").expect("open");
+    let mut buf = vec![0u8; MIB];
+    // More than a request run inline: it goes to the pool and starts its threads.
+    assert_eq!(file.read_at(&mut buf, 0).expect("read in the parent"), MIB);
+    assert!(
+        file.pool().stats().threads > 0,
+        "the parent's pool has threads"
+    );
+    let want = &bytes[..MIB];
+    let pending = file.pread(vec![0u8; 2 * MIB], 0);
+
+    // SAFETY: this process runs one test on one thread; the child only runs ferrio and then
+    // leaves with `_exit`, never returning into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let child = std::panic::AssertUnwindSafe(|| in_child(&file, &path, want, pending));
+        let code = std::panic::catch_unwind(child).unwrap_or(20);
+        // SAFETY: ends the child at once, running no destructor or exit handler of the parent's.
+        unsafe { libc::_exit(code) };
+    }
+    let t0 = Instant::now();
+    let mut status = 0;
+    loop {
+        // SAFETY: `pid` is our child; `status` is writable.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        if t0.elapsed() > DEADLINE {
+            // SAFETY: `pid` is our child, not yet reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("the forked child's reads hung: killed after {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the forked child failed: wait status {status:#x} (exit code {})",
+        libc::WEXITSTATUS(status)
+    );
+    // The parent's pool still serves the parent.
+    let (n, got) = pending.into_buffer();
+    assert_eq!(n.expect("the read started before the fork"), 2 * MIB);
+    assert_eq!(got, bytes);
+    assert_eq!(file.read_at(&mut buf, MIB as u64).expect("read after"), MIB);
+    assert_eq!(buf, bytes[MIB..]);
+    std::fs::write(passed, b"").expect("say the checks passed");
+}

@@ -1,0 +1,134 @@
+"""A child process builds its own worker pools: reads in a `fork` or `forkserver` child after the
+parent has used the pool complete, also through a File opened before the fork (issue 14)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ferrio
+
+# A hang is a failure, not a stuck suite: every wait on a child has this deadline.
+DEADLINE_S = 60
+
+MIB = 1 << 20
+
+# The file opened by the parent before it forks, used by the children (fork start method only).
+_inherited: ferrio.File | None = None
+
+
+def _read_path(path: str) -> tuple[int, bytes, int]:
+    """Reads the first MiB of `path` in the child: bytes read, a digest, and the bytes read by
+    every pool this process sees (only its own)."""
+    buf = np.empty(MIB, np.uint8)
+    n = ferrio.open(path).read(buf)
+    return n, bytes(buf[:64]), sum(p["bytes_read"] for p in ferrio.stats())
+
+
+def _read_inherited(_: int) -> tuple[int, bytes, int]:
+    """Reads through the File the parent opened before forking."""
+    assert _inherited is not None
+    buf = np.empty(MIB, np.uint8)
+    n = _inherited.read(buf)
+    return n, bytes(buf[:64]), sum(p["bytes_read"] for p in ferrio.stats())
+
+
+@pytest.fixture
+def two_mib(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    data = np.random.default_rng(14).integers(0, 256, 2 * MIB, dtype=np.uint8)
+    path = tmp_path / "big.bin"
+    data.tofile(path)
+    return path, data
+
+
+def _parent_uses_the_pool(path: Path) -> None:
+    # One MiB is more than a request run inline: it goes to the pool and starts its threads.
+    buf = np.empty(MIB, np.uint8)
+    assert ferrio.open(path).read(buf) == MIB
+    assert any(p["threads"] > 0 for p in ferrio.stats())
+
+
+def _map_with_deadline(method: str, func, args: list) -> list:  # type: ignore[no-untyped-def]
+    ctx = mp.get_context(method)
+    with ctx.Pool(2) as pool:
+        try:
+            return pool.map_async(func, args).get(timeout=DEADLINE_S)
+        except mp.TimeoutError:
+            pool.terminate()
+            pytest.fail(f"reads in {method} children did not finish in {DEADLINE_S} s (hang)")
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_a_child_reads_after_the_parent_used_the_pool(
+    method: str, two_mib: tuple[Path, np.ndarray]
+) -> None:
+    if method not in mp.get_all_start_methods():
+        pytest.skip(f"start method {method} is not available here")
+    path, data = two_mib
+    _parent_uses_the_pool(path)
+    results = _map_with_deadline(method, _read_path, [str(path)] * 2)
+    for n, head, child_bytes in results:
+        assert n == MIB
+        assert head == data[:64].tobytes()
+        # The child's statistics count its own read only, not the parent's pools.
+        assert child_bytes == MIB
+    # The parent's pool still works after the fork.
+    _parent_uses_the_pool(path)
+
+
+def test_a_file_opened_before_fork_reads_in_the_child(two_mib: tuple[Path, np.ndarray]) -> None:
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("start method fork is not available here")
+    global _inherited
+    path, data = two_mib
+    _inherited = ferrio.open(path)
+    try:
+        buf = np.empty(MIB, np.uint8)
+        assert _inherited.read(buf) == MIB
+        results = _map_with_deadline("fork", _read_inherited, [0, 1])
+        for n, head, child_bytes in results:
+            assert n == MIB
+            assert head == data[:64].tobytes()
+            assert child_bytes == MIB
+        assert _inherited.read(buf) == MIB
+    finally:
+        _inherited = None
+
+
+def test_a_grandchild_reads_too(two_mib: tuple[Path, np.ndarray]) -> None:
+    """A child that used its pools forks again: the grandchild builds its own as well."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no os.fork here")
+    path, data = two_mib
+    _parent_uses_the_pool(path)
+    results = _map_with_deadline("fork", _read_then_fork, [str(path)])
+    assert results == [0]
+
+
+def _read_then_fork(path: str) -> int:
+    """In a child: read, fork a grandchild that reads, and return its exit status (or -1 when it
+    hung and was killed)."""
+    import signal
+    import time
+
+    _read_path(path)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            n, _, _ = _read_path(path)
+            os._exit(0 if n == MIB else 1)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + DEADLINE_S / 2
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -1
