@@ -103,7 +103,7 @@ def test_a_grandchild_reads_too(two_mib: tuple[Path, np.ndarray]) -> None:
     """A child that used its pools forks again: the grandchild builds its own as well."""
     if not hasattr(os, "fork"):
         pytest.skip("no os.fork here")
-    path, data = two_mib
+    path, _data = two_mib
     _parent_uses_the_pool(path)
     results = _map_with_deadline("fork", _read_then_fork, [str(path)])
     assert results == [0]
