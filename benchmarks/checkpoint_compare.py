@@ -182,6 +182,10 @@ def main() -> None:
                     key = f"{ckpt} | {mode} | {loader}"
                     entry = results.setdefault(key, {"runs": [], "file_bytes": total})
                     entry["runs"].append(res)
+                    # One line per load as it happens, so a run cut short still tells something.
+                    rate = total / res["seconds"] / GIB if "seconds" in res else None
+                    print(f"# {key} round {r}: {rate and round(rate, 2)} GiB/s {res}",
+                          file=sys.stderr, flush=True)  # fmt: skip
     summary = {}
     for key, entry in results.items():
         ok = [r for r in entry["runs"] if "seconds" in r]

@@ -3,7 +3,7 @@
 # wheels, the Rust and Python GPU tests, the memory-pool tests and benchmarks, the file -> GPU
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
-#   bash benchmarks/gpu_all.sh [STEP...]   steps: tests memory sweep compare multidrive
+#   bash benchmarks/gpu_all.sh [STEP...]   steps: tests memory sweep compare checkpoint multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
 ROOT=$PWD
@@ -33,8 +33,8 @@ step ring-throughput
 timeout 120 "$ROOT/.carry/bin/ring_throughput" 2>&1 | tee -a "$S"
 
 step python-tests
-timeout 300 python3 -m pytest -q -p no:cacheprovider -x python/tests >"$LOGS/pytest.log" 2>&1
-tail -5 "$LOGS/pytest.log" | tee -a "$S"
+timeout 300 python3 -m pytest -q -p no:cacheprovider -rfEs python/tests >"$LOGS/pytest.log" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest.log" | tail -30 | tee -a "$S"
 fi
 
 if want memory; then
@@ -59,6 +59,14 @@ timeout 330 python3 "$ROOT/benchmarks/gpu_compare.py" $ARGS --json "$LOGS/gpu_co
   >"$LOGS/gpu_compare.log" 2>&1
 sed -n '/^medians/,$p' "$LOGS/gpu_compare.log" | tee -a "$S"; tail -3 "$LOGS/gpu_compare.log" >>"$S"
 cd "$ROOT"
+fi
+
+if want checkpoint; then
+step checkpoint-compare
+# Fresh process per load, warm and cold, the 8 GiB file and 4 x 2 GiB shards (created if missing).
+timeout "${CKPT_TIMEOUT:-420}" python3 benchmarks/checkpoint_compare.py --dir /root/ferrio-ckpt \
+  --rounds "${CKPT_ROUNDS:-2}" >"$LOGS/checkpoint_compare.log" 2>&1
+cat "$LOGS/checkpoint_compare.log" | tail -30 | tee -a "$S"
 fi
 
 if want multidrive; then
