@@ -89,13 +89,33 @@ def test_safe_open_api(tmp_path):
             f.get_tensor("zz")
 
 
-def test_numpy_refuses_what_numpy_lacks_like_safetensors(tmp_path):
+def test_numpy_bf16_needs_ml_dtypes_and_matches_safetensors(tmp_path):
+    # numpy has no bfloat16: ferrio loads BF16 where the ml_dtypes package provides one, and
+    # refuses it (TypeError naming the dtype) otherwise. Where safetensors.numpy loads it too,
+    # both give the same bytes.
     p = tmp_path / "bf.safetensors"
-    write_raw(p, {"x": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}, 4)
-    with pytest.raises(TypeError), sn.safe_open(p, "np") as f:
-        f.get_tensor("x")
-    with pytest.raises(TypeError, match="BF16"):
-        fsn.load_file(p)
+    raw = b"\x80\x3f\x00\x40"
+    write_raw(p, {"x": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}, 4, raw)
+    try:
+        import ml_dtypes
+    except ImportError:
+        ml_dtypes = None
+    if ml_dtypes is None:
+        with pytest.raises(TypeError, match="BF16"):
+            fsn.load_file(p)
+        ours = None
+    else:
+        ours = fsn.load_file(p)["x"]
+        assert ours.dtype == np.dtype(ml_dtypes.bfloat16)
+        assert ours.tobytes() == raw
+    try:
+        with sn.safe_open(p, "np") as f:
+            theirs = f.get_tensor("x")
+    except TypeError:
+        theirs = None
+    if theirs is not None:
+        assert ours is not None, "safetensors.numpy loads BF16 here and ferrio does not"
+        assert ours.tobytes() == theirs.tobytes()
 
 
 def test_sharded_directory_and_index(tmp_path):

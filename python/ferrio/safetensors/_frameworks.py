@@ -52,7 +52,43 @@ _NUMPY_NAMES = {
     "U64": "uint64",
 }
 
+# Types numpy lacks but `ml_dtypes` (JAX's numpy extension) adds, used when it is installed.
+_ML_DTYPES_NAMES = {
+    "BF16": "bfloat16",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}
+
 FRAMEWORKS = ("pt", "torch", "numpy", "np", "cupy", "cp")
+
+
+def numpy_dtype(np: Any, dtype: str) -> Any:
+    """Return the numpy dtype of safetensors' `dtype`, or None.
+
+    numpy's own types, and bfloat16 and the float8 types where `ml_dtypes` is installed.
+    """
+    if dtype in _NUMPY_NAMES:
+        return np.dtype(_NUMPY_NAMES[dtype])
+    if dtype in _ML_DTYPES_NAMES:
+        try:
+            import ml_dtypes  # type: ignore[import-not-found, unused-ignore]
+        except ImportError:
+            return None
+        kind = getattr(ml_dtypes, _ML_DTYPES_NAMES[dtype], None)
+        return None if kind is None else np.dtype(kind)
+    return None
+
+
+def safetensors_dtype(dtype: Any) -> str | None:
+    """Return the safetensors name of a numpy dtype, or None."""
+    for table in (_NUMPY_NAMES, _ML_DTYPES_NAMES):
+        for st_name, np_name in table.items():
+            if dtype.name == np_name:
+                return st_name
+    return None
 
 
 def parse_device(device: Any) -> tuple[str, int | None]:
@@ -161,8 +197,11 @@ class Numpy(Framework):
         self.np = numpy
 
     def check_dtype(self, name: str, dtype: str) -> None:
-        if dtype not in _NUMPY_NAMES:
-            raise TypeError(f"tensor {name!r}: numpy has no dtype for safetensors' {dtype}")
+        if numpy_dtype(self.np, dtype) is None:
+            raise TypeError(
+                f"tensor {name!r}: numpy has no dtype for safetensors' {dtype} "
+                "(bfloat16 and float8 need the ml_dtypes package)"
+            )
 
     def empty(self, nbytes: int) -> Any:
         return self.np.empty(nbytes, dtype=self.np.uint8)
@@ -171,7 +210,7 @@ class Numpy(Framework):
         return buf[begin:end]
 
     def view(self, buf: Any, begin: int, end: int, dtype: str, shape: list[int]) -> Any:
-        dt = self.np.dtype(_NUMPY_NAMES[dtype])
+        dt = numpy_dtype(self.np, dtype)
         part = buf[begin:end]
         if _misaligned(begin, dt.itemsize):
             part = part.copy()
@@ -224,8 +263,7 @@ def to_bytes(name: str, tensor: Any) -> tuple[str, list[int], Any]:
         if tensor.dtype.byteorder == ">":
             tensor = tensor.byteswap().view(tensor.dtype.newbyteorder("<"))
         arr = xp.ascontiguousarray(tensor)
-        names = {v: k for k, v in _NUMPY_NAMES.items()}
-        dtype = names.get(arr.dtype.name)
+        dtype = safetensors_dtype(arr.dtype)
         if dtype is None:
             raise ValueError(f"tensor {name!r}: safetensors has no dtype for {arr.dtype}")
         # ascontiguousarray makes a 0-d array 1-d: the shape comes from the original.
