@@ -1,4 +1,5 @@
-//! `ferrio read PATH...`: reads files in parallel into host memory.
+//! `ferrio read PATH...`: reads files in parallel into host memory, or with `--gpu N` into the
+//! memory of GPU N (the file -> GPU rate, no Python needed).
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -37,6 +38,10 @@ pub(crate) struct Args {
     /// Drop each file's pages from the page cache first (a cold read)
     #[arg(long)]
     cold: bool,
+    /// Read into the memory of GPU N (one device buffer the size of each file, filled through
+    /// ferrio's pinned bounce buffers) instead of host memory
+    #[arg(long, value_name = "N")]
+    gpu: Option<usize>,
     #[command(flatten)]
     io: IoFlags,
 }
@@ -69,6 +74,10 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         .map(|f| f.len())
         .collect::<ferrio::Result<Vec<u64>>>()?;
     let total: u64 = lens.iter().sum();
+    if let Some(gpu) = a.gpu {
+        let outcomes = read_to_gpu(&files, &lens, gpu, total, a.io.json)?;
+        return report(&outcomes, Some(gpu), a.io.json);
+    }
     let (window, per_file, at_once) = plan(&lens);
     // Buffers are allocated and touched before the clock starts: page faults on fresh memory
     // are the allocator's cost, not the read's. Each reader owns its windows and reuses them
@@ -131,28 +140,49 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("reader thread panicked"))))
         .collect::<anyhow::Result<Vec<Outcome>>>()?;
     drop(progress);
-    let secs = t0.elapsed().as_secs_f64();
-    let cpu = crate::host::process_cpu_seconds() - cpu0;
+    report(
+        &Finished {
+            outcomes,
+            secs: t0.elapsed().as_secs_f64(),
+            cpu: crate::host::process_cpu_seconds() - cpu0,
+        },
+        None,
+        a.io.json,
+    )
+}
+
+/// What a whole run did: each file, the wall time and the CPU time of all of them.
+struct Finished {
+    outcomes: Vec<Outcome>,
+    secs: f64,
+    cpu: f64,
+}
+
+/// Prints the per-file lines and the total (or one JSON object).
+fn report(done: &Finished, gpu: Option<usize>, json_out: bool) -> anyhow::Result<()> {
+    let (outcomes, secs, cpu) = (&done.outcomes, done.secs, done.cpu);
     let bytes: u64 = outcomes.iter().map(|o| o.bytes).sum();
-    if a.io.json {
+    let into = gpu.map_or_else(|| "host".to_string(), |g| format!("cuda:{g}"));
+    if json_out {
         let files: Vec<_> = outcomes
             .iter()
             .map(|o| json!({"path": o.path, "bytes": o.bytes, "seconds": o.secs, "gib_per_s": gibps(o.bytes, o.secs)}))
             .collect();
         let v = json!({
-            "bytes": bytes, "seconds": secs, "gib_per_s": gibps(bytes, secs),
+            "bytes": bytes, "seconds": secs, "gib_per_s": gibps(bytes, secs), "into": into,
             "cpu_seconds_per_gib": cpu / (bytes.max(1) as f64 / (1u64 << 30) as f64),
             "files": files, "pools": crate::info::pools_json(),
         });
         out(&v.to_string())?;
     } else {
-        for o in &outcomes {
+        for o in outcomes {
             out(&format!(
-                "{}: {} in {:.3} s, {:.2} GiB/s",
+                "{}: {} in {:.3} s, {:.2} GiB/s{}",
                 o.path.display(),
                 ferrio::config::format_size(o.bytes),
                 o.secs,
-                gibps(o.bytes, o.secs)
+                gibps(o.bytes, o.secs),
+                gpu.map_or_else(String::new, |g| format!(" into GPU {g}"))
             ))?;
         }
         if outcomes.len() > 1 {
@@ -212,6 +242,88 @@ unsafe impl ferrio::IoBufMut for Window {
     fn io_len(&self) -> usize {
         self.len
     }
+}
+
+/// Reads every file at once into its own buffer on GPU `gpu`; stops promptly at Ctrl-C. The
+/// device buffers are allocated before the clock starts.
+fn read_to_gpu(
+    files: &[ferrio::File],
+    lens: &[u64],
+    gpu: usize,
+    total: u64,
+    json_out: bool,
+) -> anyhow::Result<Finished> {
+    let info = ferrio::cuda::driver_info()?;
+    if gpu >= info.device_count {
+        return Err(crate::UsageError(format!(
+            "--gpu {gpu}: this machine has {} GPU(s), numbered from 0",
+            info.device_count
+        ))
+        .into());
+    }
+    let buffers = files
+        .iter()
+        .zip(lens)
+        .map(|(f, &len)| {
+            let len = usize::try_from(len)?;
+            ferrio::cuda::DeviceBuffer::new(gpu, len, false).with_context(|| {
+                format!(
+                    "cannot allocate {} of GPU memory on GPU {gpu} for {}",
+                    ferrio::config::format_size(len as u64),
+                    f.path().display()
+                )
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let cpu0 = crate::host::process_cpu_seconds();
+    let t0 = Instant::now();
+    let mut progress = Progress::new("read", total, json_out);
+    let mut futures: Vec<Option<ferrio::IoFuture>> = files
+        .iter()
+        .zip(&buffers)
+        .map(|(f, buf)| {
+            // SAFETY: `buf` is device memory of `buf.len()` bytes that nothing else writes; it
+            // outlives the future, which is waited on (or dropped, which waits) below.
+            Some(unsafe { f.pread_device(buf.ptr(), buf.len(), 0) })
+        })
+        .collect();
+    let mut outcomes = Vec::with_capacity(files.len());
+    for (i, f) in files.iter().enumerate() {
+        let Some(fut) = futures[i].take() else {
+            continue;
+        };
+        while !fut.wait_timeout(Duration::from_millis(25)) {
+            progress.set(
+                ferrio::stats()
+                    .iter()
+                    .map(|p| p.bytes_read)
+                    .sum::<u64>()
+                    .min(total),
+            );
+            if let Err(e) = check_interrupt() {
+                fut.cancel();
+                futures.iter().flatten().for_each(|f| f.cancel());
+                return Err(e);
+            }
+        }
+        let n = fut
+            .wait()
+            .with_context(|| format!("reading {} into GPU {gpu}", f.path().display()))?;
+        outcomes.push(Outcome {
+            path: f.path().to_path_buf(),
+            bytes: n as u64,
+            secs: t0.elapsed().as_secs_f64(),
+        });
+    }
+    drop(progress);
+    let finished = Finished {
+        outcomes,
+        secs: t0.elapsed().as_secs_f64(),
+        cpu: crate::host::process_cpu_seconds() - cpu0,
+    };
+    drop(futures);
+    drop(buffers);
+    Ok(finished)
 }
 
 /// Reads all of `f` through the windows in `bufs`, all of them in flight, reusing them;

@@ -87,3 +87,41 @@ fn allocation_failure_is_a_one_line_error() {
         "{err}"
     );
 }
+
+/// `--gpu N` reads into GPU memory: without a usable GPU it fails in one line saying why; with
+/// one, an out-of-range N is a usage error and a real read reports its rate "into GPU N".
+#[test]
+fn gpu_reads_say_why_they_cannot_run_or_report_the_rate() {
+    let d = tmp();
+    let f = d.path().join("f");
+    fs::write(&f, vec![7u8; 3 << 20]).unwrap();
+    let o = ferrio()
+        .arg("read")
+        .arg("--gpu")
+        .arg("0")
+        .arg(&f)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    if ferrio::cuda::available().is_err() {
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains("CUDA is not available"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    } else {
+        assert!(o.status.success(), "{err}");
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.contains("3.00 MiB") && text.contains("into GPU 0"),
+            "{text}"
+        );
+        let o = ferrio()
+            .arg("read")
+            .arg("--gpu")
+            .arg("999")
+            .arg(&f)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2));
+    }
+}
