@@ -2,16 +2,15 @@
 //! a direct write that extends the file, how many tasks of a write run at once, and each task's
 //! choice between the page cache and `O_DIRECT`, with the buffered fallback when direct I/O is
 //! refused. Syscalls go through [`crate::sys`]; the policy (when to go direct) is
-//! [`crate::direct`].
+//! [`crate::policy`].
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Addr, File};
-use crate::config::DirectMode;
-use crate::direct;
 use crate::error::{Op, Result};
 use crate::plan::{self, Task};
+use crate::policy;
 use crate::pool::{Completion, Direction, Worker};
 use crate::sys;
 
@@ -77,12 +76,18 @@ impl File {
     ) -> Result<()> {
         if tasks < 2
             || !self.inner.local
-            || self.choices.direct_write == DirectMode::Off
+            || !policy::writes_may_go_direct(self.choices.direct_write, &self.inner.cache)
             || self.direct().is_none()
         {
             return Ok(());
         }
         let end = offset + len as u64;
+        if self.choices.direct_write != crate::config::DirectMode::On
+            && end <= self.inner.cache.keep_limit
+        {
+            // Every task of this write keeps (goes through the page cache).
+            return Ok(());
+        }
         let size = match sys::fstat(self.fd()) {
             Ok(st) => st.st_size as u64,
             Err(_) => return Ok(()),
@@ -126,8 +131,12 @@ impl File {
     /// on the inode's lock in local file systems, so more than two in flight only adds lock
     /// spinning and CPU time (measured: see benchmarks/RESULTS.md); direct writes and file
     /// systems without a block device (NFS, FUSE) run on every thread.
-    pub(super) fn write_cap(&self) -> usize {
-        if self.choices.direct_write == DirectMode::Off && self.inner.local {
+    /// `end` is where the write request ends: a write the cache policy keeps is buffered.
+    pub(super) fn write_cap(&self, end: u64) -> usize {
+        let buffered = !policy::writes_may_go_direct(self.choices.direct_write, &self.inner.cache)
+            || (self.choices.direct_write == crate::config::DirectMode::Auto
+                && end <= self.inner.cache.keep_limit);
+        if buffered && self.inner.local {
             BUFFERED_WRITES_IN_FLIGHT
         } else {
             usize::MAX
@@ -145,8 +154,9 @@ impl File {
         t: &Task,
     ) -> Result<usize> {
         let direct = self.direct().filter(|_| {
-            direct::write_direct(
+            policy::write_direct(
                 self.choices.direct_write,
+                &self.inner.cache,
                 self.inner.local,
                 self.fd(),
                 t.offset,
