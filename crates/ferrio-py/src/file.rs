@@ -181,6 +181,7 @@ pub(crate) fn open(
 impl File {
     /// Same as `ferrio.open(path, mode, ...)`.
     #[new]
+    #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (path, mode="r", *, task_size=None, cache=None, direct_read=None, direct_write=None, direct_overread=None))]
     fn new(
         py: Python<'_>,

@@ -180,8 +180,9 @@ fn is_cold(fd: BorrowedFd<'_>, offset: u64, len: u64) -> bool {
     match direct::probe(fd, offset, len) {
         Probe::Cached => false,
         Probe::Cold => true,
-        Probe::Mixed => direct::resident_share(fd, offset, len)
-            .is_some_and(|s| s < direct::AUTO_RESIDENT_SHARE),
+        Probe::Mixed => {
+            direct::resident_share(fd, offset, len).is_some_and(|s| s < direct::AUTO_RESIDENT_SHARE)
+        }
     }
 }
 
@@ -274,7 +275,7 @@ fn room(dir: &Path, limit_file: &str, anon_key: &str, source: &str) -> Option<Me
         .trim()
         .parse()
         .ok()?; // "max" (v2, no limit) does not parse: no cgroup room
-    // v1 reports "no limit" as a huge number.
+                // v1 reports "no limit" as a huge number.
     if limit >= 1 << 60 {
         return None;
     }

@@ -37,7 +37,10 @@ fn direct_works(p: &Path) -> bool {
 fn keep_leaves_the_file_in_the_page_cache() {
     let dir = disk_dir();
     let p = cold_file(dir.path(), "keep", 1);
-    let f = File::options().cache(CacheMode::Keep).open(&p, "r").unwrap();
+    let f = File::options()
+        .cache(CacheMode::Keep)
+        .open(&p, "r")
+        .unwrap();
     assert!(f.cache_decision().keeps());
     read_all(&f);
     assert!(share(&p) >= 0.99, "keep: {}", share(&p));
