@@ -1,6 +1,6 @@
 //! The read and write policy: the one place that decides whether a file's bytes go through the
 //! page cache or bypass it, per open ([`decide`]: keep or bypass, from the `cache` setting and
-//! the file's size against available memory) and per task ([`read_path`], [`write_direct`]:
+//! the file's size against available memory) and per task (`read_path`, `write_direct`:
 //! buffered, `O_DIRECT`, or buffered and then dropped, from that decision, the `direct_*`
 //! settings and what the page cache already holds).
 //!
@@ -15,7 +15,7 @@
 //!
 //! `direct_read`/`direct_write` `on` and `off` still force the mechanism; `auto` (the default)
 //! leaves it to this module. This module reads `/proc/meminfo` and the cgroup's memory files;
-//! it asks the page cache through [`crate::direct`] and does no I/O of its own.
+//! it asks the page cache through `direct.rs` and does no I/O of its own.
 
 use std::os::fd::BorrowedFd;
 use std::path::Path;
