@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 GIB = 1 << 30
 
@@ -83,17 +83,30 @@ def main() -> int:
 
     def fio(bs: str, depth: int) -> Callable[[], tuple[float, float]]:
         def run() -> tuple[float, float]:
-            out, cpu = timed(["fio", "--name=r", f"--filename={path}", "--rw=read",
-                              "--ioengine=io_uring", "--direct=1", f"--bs={bs}",
-                              f"--iodepth={depth}", f"--size={size}", "--output-format=json"])
+            out, cpu = timed(
+                [
+                    "fio",
+                    "--name=r",
+                    f"--filename={path}",
+                    "--rw=read",
+                    "--ioengine=io_uring",
+                    "--direct=1",
+                    f"--bs={bs}",
+                    f"--iodepth={depth}",
+                    f"--size={size}",
+                    "--output-format=json",
+                ]
+            )
             bw = sum(j["read"]["bw_bytes"] for j in json.loads(out)["jobs"]) / GIB
             return bw, cpu / gib
+
         return run
 
     def cli(*flags: str) -> Callable[[], tuple[float, float]]:
         def run() -> tuple[float, float]:
             out, cpu = timed([a.ferrio, "read", "--json", *flags, path])
             return json.loads(out)["gib_per_s"], cpu / gib
+
         return run
 
     # A fresh process per read, as a user's would be; the destination is touched before the
@@ -107,17 +120,22 @@ def main() -> int:
     gpu_alloc = "import cupy as cp;a=cp.empty(n,cp.uint8);cp.cuda.runtime.deviceSynchronize()"
 
     def pyread(gpu: bool) -> Callable[[], tuple[float, float]]:
-        code = py_read.format(alloc=gpu_alloc if gpu else host_alloc,
-                              sync="cp.cuda.runtime.deviceSynchronize();" if gpu else "")
+        code = py_read.format(
+            alloc=gpu_alloc if gpu else host_alloc,
+            sync="cp.cuda.runtime.deviceSynchronize();" if gpu else "",
+        )
 
         def run() -> tuple[float, float]:
             out, cpu = timed([py, "-c", code, path])
             return float(out.strip().splitlines()[-1]), cpu / gib
+
         return run
 
     def fromfile() -> tuple[float, float]:
-        code = ("import sys,time,numpy as np;t=time.perf_counter();"
-                "a=np.fromfile(sys.argv[1],dtype=np.uint8);print(a.size/2**30/(time.perf_counter()-t))")
+        code = (
+            "import sys,time,numpy as np;t=time.perf_counter();"
+            "a=np.fromfile(sys.argv[1],dtype=np.uint8);print(a.size/2**30/(time.perf_counter()-t))"
+        )
         out, cpu = timed([py, "-c", code, path])
         return float(out), cpu / gib
 
@@ -155,40 +173,51 @@ def main() -> int:
             drop_caches()
             record(name, cold[name]())
         # Second read: a first read with defaults, then the measured one in a new process.
-        for name in (list(second) if r % 2 == 0 else list(reversed(second))):
+        for name in list(second) if r % 2 == 0 else list(reversed(second)):
             drop_caches()
             cli()()
             record(name, second[name]())
         warm(path)
-        for name in (list(warm_runs) if r % 2 == 0 else list(reversed(warm_runs))):
+        for name in list(warm_runs) if r % 2 == 0 else list(reversed(warm_runs)):
             record(name, warm_runs[name]())
         print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
 
-    med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
-           for k, v in results.items()}
+    med = {
+        k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
+        for k, v in results.items()
+    }
     print(f"\n{path}: {gib:.2f} GiB, {a.rounds} rounds, medians (load {os.getloadavg()[0]:.2f})")
     print("| what | GiB/s | CPU s/GiB | all rounds |\n|---|---|---|---|")
     for k, (bw, cpu) in med.items():
         allr = ", ".join(f"{x[0]:.2f}" for x in results[k])
         print(f"| {k} | {bw:.2f} | {cpu:.2f} | {allr} |")
-    fio_best = max(med["fio io_uring O_DIRECT bs 1 MiB iodepth 32"][0],
-                   med["fio io_uring O_DIRECT bs 16 MiB iodepth 8"][0])
+    fio_best = max(
+        med["fio io_uring O_DIRECT bs 1 MiB iodepth 32"][0],
+        med["fio io_uring O_DIRECT bs 16 MiB iodepth 8"][0],
+    )
     print()
     for k in cold:
         if k.startswith("ferrio"):
-            print(f"- cold {k} / best fio O_DIRECT: {med[k][0] / fio_best:.2f}× (target ≥ 0.95×)")
-    pairs = [("ferrio read (CLI), 2nd read in a new process",
-              "ferrio read (CLI), page-cache-warm (dd)"),
-             ("ferrio.open().read(numpy), 2nd read in a new process",
-              "ferrio.open().read(numpy), page-cache-warm (dd)")]
+            print(f"- cold {k} / best fio O_DIRECT: {med[k][0] / fio_best:.2f}x (target >= 0.95x)")
+    pairs = [
+        ("ferrio read (CLI), 2nd read in a new process", "ferrio read (CLI), page-cache-warm (dd)"),
+        (
+            "ferrio.open().read(numpy), 2nd read in a new process",
+            "ferrio.open().read(numpy), page-cache-warm (dd)",
+        ),
+    ]
     if a.gpu:
-        pairs.append(("ferrio.open().read(cupy), 2nd read in a new process",
-                      "ferrio.open().read(cupy), page-cache-warm (dd)"))
+        pairs.append(
+            (
+                "ferrio.open().read(cupy), 2nd read in a new process",
+                "ferrio.open().read(cupy), page-cache-warm (dd)",
+            )
+        )
     for s, w in pairs:
-        print(f"- {s} / warm: {med[s][0] / med[w][0]:.2f}× (target ≥ 0.8×)")
+        print(f"- {s} / warm: {med[s][0] / med[w][0]:.2f}x (target >= 0.8x)")
     nf = med["numpy.fromfile, page-cache-warm (dd)"][0]
     s = "ferrio.open().read(numpy), 2nd read in a new process"
-    print(f"- {s} / numpy.fromfile warm: {med[s][0] / nf:.2f}× (target ≥ 1.5× on the dev VM)")
+    print(f"- {s} / numpy.fromfile warm: {med[s][0] / nf:.2f}x (target >= 1.5x on the dev VM)")
 
     if not a.skip_cgroup:
         cgroup_check(a, path, size)
@@ -217,17 +246,27 @@ def cgroup_check(a: argparse.Namespace, big: str, size: int) -> None:
             "for off in range(0,os.path.getsize(big),a.size): f.read(a,offset=off)\n"
             "print(before,ferrio.residency(hot).share,ferrio.residency(big).share)\n"
         )
-        print(f"\nlarger than memory: cgroup limit {limit / GIB:.2f} GiB, hot file "
-              f"{hot_size / GIB:.2f} GiB read first, then {size / GIB:.2f} GiB streamed in 64 MiB reads")
-        print("| cache | hot file resident before | after | big file resident after |\n|---|---|---|---|")
+        print(
+            f"\nlarger than memory: cgroup limit {limit / GIB:.2f} GiB, hot file "
+            f"{hot_size / GIB:.2f} GiB read first, then {size / GIB:.2f} GiB streamed "
+            "in 64 MiB reads"
+        )
+        print(
+            "| cache | hot file resident before | after | big file resident after |\n"
+            "|---|---|---|---|"
+        )
         for mode in ["default", "keep"]:
             drop_caches()
-            shell = f"echo $$ > {cg}/cgroup.procs && exec {sys.executable} -c \"$0\" \"$@\""
-            out = subprocess.run(["sh", "-c", shell, code, hot, big, mode], capture_output=True,
-                                 text=True, check=True).stdout.split()
+            shell = f'echo $$ > {cg}/cgroup.procs && exec {sys.executable} -c "$0" "$@"'
+            out = subprocess.run(
+                ["sh", "-c", shell, code, hot, big, mode],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
             before, after, bigres = (float(x) for x in out[-3:])
             print(f"| {mode} | {before:.1%} | {after:.1%} | {bigres:.1%} |")
-        print("- target: with defaults ≥ 80% of the hot file stays resident")
+        print("- target: with defaults >= 80% of the hot file stays resident")
     finally:
         time.sleep(0.2)
         try:
