@@ -68,8 +68,9 @@ pub enum CacheMode {
     Keep,
     /// Data that was not cached before is not cached after (cold ranges bypass the page cache).
     Bypass,
-    /// `keep` for a file that fits comfortably in available memory, `bypass` for one that does
-    /// not, so that a stream larger than memory does not evict everything else.
+    /// Reads: `keep` for a file that fits comfortably in available memory, `bypass` for one
+    /// that does not, so that a stream larger than memory does not evict everything else.
+    /// Writes: `bypass` (buffered writes are slower; see [`crate::policy`]).
     Auto,
 }
 
@@ -267,7 +268,8 @@ pub const SETTINGS: &[SettingInfo] = &[
         unit: "auto/keep/bypass",
         default: "auto",
         doc: "page cache after I/O: keep = data stays cached, bypass = cold data is not cached, \
-              auto = keep when the file fits in half of available memory, else bypass",
+              auto = reads keep a file of at most half the available memory, else bypass; \
+              writes bypass",
         get: |s| s.cache.to_string(),
         set: |s, v| {
             s.cache = v.parse().map_err(|_| CacheMode::FORMS)?;

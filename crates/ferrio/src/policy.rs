@@ -11,7 +11,8 @@
 //! available memory and `bypass` above that. Buffered cold reads run at the disk's direct-read
 //! rate on the machines measured, so keeping costs the first read nothing but a copy, and it
 //! makes the second read a page-cache read (measured: see benchmarks/RESULTS.md). Ranges
-//! already in the page cache are always read from it.
+//! already in the page cache are always read from it. Writes keep only under `cache=keep`:
+//! buffered writes were several times slower than direct ones, so `auto` writes bypass.
 //!
 //! `direct_read`/`direct_write` `on` and `off` still force the mechanism; `auto` (the default)
 //! leaves it to this module. This module reads `/proc/meminfo` and the cgroup's memory files;
@@ -44,8 +45,8 @@ pub struct CacheDecision {
     pub asked: CacheMode,
     /// What it resolved to: [`CacheMode::Keep`] or [`CacheMode::Bypass`].
     pub resolved: CacheMode,
-    /// Files and writes up to this many bytes are kept under `auto` (`u64::MAX` for `keep`, 0
-    /// for `bypass`).
+    /// Files up to this many bytes are kept under `auto` (`u64::MAX` for `keep`, 0 for
+    /// `bypass`).
     pub keep_limit: u64,
     /// Why, in one line.
     pub reason: String,
@@ -187,11 +188,13 @@ fn is_cold(fd: BorrowedFd<'_>, offset: u64, len: u64) -> bool {
 }
 
 /// Whether a write task on `[offset, offset+len)` should use `O_DIRECT`. `on`/`off` force it.
-/// Under `auto`: a write that keeps (the file up to the task's end fits the decision's limit)
-/// goes through the page cache, so write-then-read is hot; one that bypasses goes direct on a
-/// local file system (a block device under it: direct writes are known to hurt on network file
+/// Under `auto`: `cache=keep` writes through the page cache, so write-then-read is hot.
+/// Otherwise (`auto` too: buffered writes ran at a third of direct ones on the dev VM and cost
+/// several times the CPU, measured: see benchmarks/RESULTS.md) a write goes direct on a local
+/// file system (a block device under it: direct writes are known to hurt on network file
 /// systems) when none of the range is cached (a direct write would flush and drop those pages,
-/// and a reader of them would lose its cache), so a streaming writer does not evict others.
+/// and a reader of them would lose its cache), which also keeps a streaming writer from
+/// evicting everything else.
 pub(crate) fn write_direct(
     direct_mode: DirectMode,
     decision: &CacheDecision,
@@ -204,7 +207,7 @@ pub(crate) fn write_direct(
         DirectMode::Off => false,
         DirectMode::On => true,
         DirectMode::Auto => {
-            offset + len as u64 > decision.keep_limit
+            decision.asked != CacheMode::Keep
                 && local
                 && direct::probe(fd, offset, len as u64) == Probe::Cold
         }
@@ -216,7 +219,7 @@ pub(crate) fn writes_may_go_direct(direct_mode: DirectMode, decision: &CacheDeci
     match direct_mode {
         DirectMode::Off => false,
         DirectMode::On => true,
-        DirectMode::Auto => decision.keep_limit != u64::MAX,
+        DirectMode::Auto => decision.asked != CacheMode::Keep,
     }
 }
 

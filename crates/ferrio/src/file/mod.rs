@@ -514,10 +514,10 @@ impl File {
         Ok(())
     }
 
-    fn cap_for(&self, direction: Direction, end: u64) -> usize {
+    fn cap_for(&self, direction: Direction) -> usize {
         match direction {
             Direction::Read => usize::MAX,
-            Direction::Write => self.write_cap(end),
+            Direction::Write => self.write_cap(),
         }
     }
 
@@ -536,7 +536,7 @@ impl File {
             tasks,
             direction,
             inline_ok: true,
-            max_active: self.cap_for(direction, offset + len as u64),
+            max_active: self.cap_for(direction),
             run,
         }
     }

@@ -82,12 +82,6 @@ impl File {
             return Ok(());
         }
         let end = offset + len as u64;
-        if self.choices.direct_write != crate::config::DirectMode::On
-            && end <= self.inner.cache.keep_limit
-        {
-            // Every task of this write keeps (goes through the page cache).
-            return Ok(());
-        }
         let size = match sys::fstat(self.fd()) {
             Ok(st) => st.st_size as u64,
             Err(_) => return Ok(()),
@@ -131,12 +125,10 @@ impl File {
     /// on the inode's lock in local file systems, so more than two in flight only adds lock
     /// spinning and CPU time (measured: see benchmarks/RESULTS.md); direct writes and file
     /// systems without a block device (NFS, FUSE) run on every thread.
-    /// `end` is where the write request ends: a write the cache policy keeps is buffered.
-    pub(super) fn write_cap(&self, end: u64) -> usize {
-        let buffered = !policy::writes_may_go_direct(self.choices.direct_write, &self.inner.cache)
-            || (self.choices.direct_write == crate::config::DirectMode::Auto
-                && end <= self.inner.cache.keep_limit);
-        if buffered && self.inner.local {
+    pub(super) fn write_cap(&self) -> usize {
+        if !policy::writes_may_go_direct(self.choices.direct_write, &self.inner.cache)
+            && self.inner.local
+        {
             BUFFERED_WRITES_IN_FLIGHT
         } else {
             usize::MAX
