@@ -144,25 +144,19 @@ pub(crate) fn read_path(
     offset: u64,
     len: usize,
 ) -> ReadPath {
-    let cold = || is_cold(fd, offset, len as u64);
-    match direct_mode {
-        DirectMode::On if direct_ok => ReadPath::Direct,
-        DirectMode::On | DirectMode::Off => {
-            if decision.keeps() || !cold() {
-                ReadPath::Buffered
-            } else {
-                ReadPath::BufferedThenDrop
-            }
-        }
-        DirectMode::Auto => {
-            if decision.keeps() || !cold() {
-                ReadPath::Buffered
-            } else if direct_ok {
-                ReadPath::Direct
-            } else {
-                ReadPath::BufferedThenDrop
-            }
-        }
+    let direct = direct_mode != DirectMode::Off && direct_ok;
+    if decision.keeps() && !(direct && direct_mode == DirectMode::On) {
+        // Kept files read every range through the page cache: no need to ask it anything.
+        return ReadPath::Buffered;
+    }
+    match (direct_mode, coldness(fd, offset, len as u64)) {
+        (DirectMode::On, _) if direct => ReadPath::Direct,
+        (_, Coldness::Cached) => ReadPath::Buffered,
+        (_, Coldness::MostlyCold) if direct => ReadPath::Direct,
+        // Some of the range was cached, by someone else: dropping it would take their pages.
+        (_, Coldness::MostlyCold) => ReadPath::Buffered,
+        (_, Coldness::Cold) if direct => ReadPath::Direct,
+        (_, Coldness::Cold) => ReadPath::BufferedThenDrop,
     }
 }
 
@@ -176,13 +170,28 @@ pub(crate) fn buffered_bypass(
     !decision.keeps() && (direct_mode == DirectMode::Off || !direct_ok)
 }
 
-/// Whether `[offset, offset+len)` is mostly outside the page cache.
-fn is_cold(fd: BorrowedFd<'_>, offset: u64, len: u64) -> bool {
+/// How much of a range the page cache holds.
+enum Coldness {
+    /// Most of it.
+    Cached,
+    /// Some of it, less than [`direct::AUTO_RESIDENT_SHARE`].
+    MostlyCold,
+    /// None of the probed pages.
+    Cold,
+}
+
+fn coldness(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Coldness {
     match direct::probe(fd, offset, len) {
-        Probe::Cached => false,
-        Probe::Cold => true,
+        Probe::Cached => Coldness::Cached,
+        Probe::Cold => Coldness::Cold,
         Probe::Mixed => {
-            direct::resident_share(fd, offset, len).is_some_and(|s| s < direct::AUTO_RESIDENT_SHARE)
+            if direct::resident_share(fd, offset, len)
+                .is_some_and(|s| s < direct::AUTO_RESIDENT_SHARE)
+            {
+                Coldness::MostlyCold
+            } else {
+                Coldness::Cached
+            }
         }
     }
 }
@@ -321,6 +330,44 @@ mod tests {
         assert!(decide(CacheMode::Keep, u64::MAX, Some(&mem(1))).keeps());
         assert!(!decide(CacheMode::Bypass, 1, Some(&mem(100))).keeps());
         assert!(decide(CacheMode::Auto, 1 << 40, None).keeps());
+    }
+
+    #[test]
+    fn read_paths_follow_the_cache_decision_and_the_direct_setting() {
+        use std::os::fd::AsFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![1u8; 1 << 20]).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        f.sync_all().unwrap();
+        let keep = decide(CacheMode::Keep, 0, None);
+        let bypass = decide(CacheMode::Bypass, 0, None);
+        let path_of = |mode, d: &CacheDecision, direct_ok| {
+            read_path(mode, d, direct_ok, f.as_fd(), 0, 1 << 20)
+        };
+        use DirectMode::{Auto, Off, On};
+        // Whatever the page cache holds:
+        assert_eq!(path_of(Auto, &keep, true), ReadPath::Buffered);
+        assert_eq!(path_of(Off, &keep, true), ReadPath::Buffered);
+        assert_eq!(path_of(On, &keep, true), ReadPath::Direct);
+        assert_eq!(path_of(On, &keep, false), ReadPath::Buffered);
+        assert_eq!(path_of(On, &bypass, true), ReadPath::Direct);
+        // Cold (where the kernel lets us drop it: tmpfs keeps its pages).
+        let _ = crate::sys::fadvise_dontneed(f.as_fd(), 0, 0);
+        if is_cold_here(&f) {
+            assert_eq!(path_of(Auto, &bypass, true), ReadPath::Direct);
+            assert_eq!(path_of(Auto, &bypass, false), ReadPath::BufferedThenDrop);
+            assert_eq!(path_of(Off, &bypass, true), ReadPath::BufferedThenDrop);
+        }
+        // Hot: always the page cache.
+        let _ = std::fs::read(&path).unwrap();
+        assert_eq!(path_of(Auto, &bypass, true), ReadPath::Buffered);
+        assert_eq!(path_of(Off, &bypass, true), ReadPath::Buffered);
+    }
+
+    fn is_cold_here(f: &std::fs::File) -> bool {
+        use std::os::fd::AsFd;
+        direct::probe(f.as_fd(), 0, 1 << 20) == Probe::Cold
     }
 
     #[test]
