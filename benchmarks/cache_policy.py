@@ -110,7 +110,7 @@ def main() -> int:
         return run
 
     # A fresh process per read, as a user's would be; the destination is touched before the
-    # clock starts (the VM backs fresh memory lazily), the import and open are timed.
+    # clock starts (the VM backs fresh memory lazily); the open is timed, the import is not.
     py_read = (
         "import sys,time,os;t0=time.perf_counter();import ferrio,numpy as np;"
         "p=sys.argv[1];n=os.path.getsize(p);{alloc};t=time.perf_counter();"
