@@ -1,4 +1,5 @@
-//! `ferrio info PATH`: file system, device chain, pool, direct I/O and page cache of a file.
+//! `ferrio info PATH`: file system, device chain, pool, direct I/O, cache policy and page cache
+//! of a file.
 
 use std::path::PathBuf;
 
@@ -23,7 +24,10 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     let probe = ferrio::File::options()
         .direct_read(ferrio::DirectMode::On)
         .open(&a.path, "r")?;
-    let file = ferrio::File::open(&a.path, "r")?;
+    let file = ferrio::File::options()
+        .settings(settings.clone())
+        .open(&a.path, "r")?;
+    let decision = file.cache_decision();
     let size = file.len()?;
     let residency = ferrio::pagecache::residency(&a.path, 0, None)?;
     let pool = file.pool().stats();
@@ -57,6 +61,8 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
                           "mem_align": mem_align, "offset_align": offset_align,
                           "read_policy": settings.direct_read.as_str(), "write_policy": settings.direct_write.as_str(),
                           "overread": settings.direct_overread},
+            "cache": {"asked": decision.asked.as_str(), "resolved": decision.resolved.as_str(),
+                      "reason": decision.reason, "keeps": decision.keeps()},
             "page_cache": {"cached_bytes": residency.cached_bytes, "dirty_bytes": residency.dirty_bytes, "share": residency.share()},
             "pools": pools_json(),
         })
@@ -84,6 +90,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
             "off"
         }
     ))?;
+    out(&format!("cache:       {decision}"))?;
     out(&format!(
         "page cache:  {} of {} resident ({:.0}%), {} dirty",
         ferrio::config::format_size(residency.cached_bytes),

@@ -152,6 +152,11 @@ pub(crate) fn out(line: &str) -> anyhow::Result<()> {
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct IoFlags {
     #[arg(long, value_name = "MODE", help = setting_help(
+        "Page cache after I/O: auto, keep or bypass",
+        "cache",
+    ))]
+    cache: Option<String>,
+    #[arg(long, value_name = "MODE", help = setting_help(
         "O_DIRECT for reads: off, on or auto",
         "direct_read",
     ))]
@@ -182,6 +187,7 @@ impl IoFlags {
     fn settings(&self) -> anyhow::Result<ferrio::Settings> {
         let mut s = ferrio::Settings::global();
         for (flag, setting, value) in [
+            ("--cache", "cache", &self.cache),
             ("--direct-read", "direct_read", &self.direct_read),
             ("--direct-write", "direct_write", &self.direct_write),
             ("--task-size", "task_size", &self.task_size),

@@ -96,6 +96,35 @@ fn bad_environment_value_names_the_variable() {
         .unwrap();
     assert_one_line_error(&o, 2, "FERRIO_DEVICE_THREADS");
     assert_one_line_error(&o, 2, "NAME=N[,NAME=N...]");
+    let o = ferrio()
+        .env("FERRIO_CACHE", "sometimes")
+        .args(["info", d.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, 2, "FERRIO_CACHE");
+    assert_one_line_error(&o, 2, "auto|keep|bypass");
+}
+
+#[test]
+fn info_says_what_the_cache_policy_decided_and_read_takes_cache() {
+    let d = tmp();
+    let f = d.path().join("small");
+    std::fs::write(&f, vec![7u8; 1 << 20]).unwrap();
+    let fs = f.to_str().unwrap();
+    let o = run(&["info", fs]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("cache:       auto → keep"), "{text}");
+    let o = ferrio()
+        .env("FERRIO_CACHE", "bypass")
+        .args(["info", fs, "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cache"]["resolved"], "bypass");
+    let o = run(&["read", fs, "--cache", "keep", "--cold"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(&["read", fs, "--cache", "never"]);
+    assert_one_line_error(&o, 2, "--cache");
 }
 
 #[test]

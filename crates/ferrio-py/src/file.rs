@@ -120,7 +120,7 @@ fn open_file(
     py: Python<'_>,
     path: PathBuf,
     mode: &str,
-    options: [(&str, Option<SettingText>); 4],
+    options: [(&str, Option<SettingText>); 5],
 ) -> PyResult<File> {
     let parsed: Mode = mode.parse().map_err(to_pyerr)?;
     let mut settings = Settings::current();
@@ -142,20 +142,23 @@ fn open_file(
 ///
 /// `mode` is one of `r`, `r+`, `w`, `w+`, `a`, `a+` (a `b` is allowed and ignored: ferrio
 /// only moves bytes). Options override the process-wide settings (`ferrio.config`) for this
-/// file: `task_size` (bytes per parallel task: `4194304` or `"4MiB"`), `direct_read` and
+/// file: `task_size` (bytes per parallel task: `4194304` or `"4MiB"`), `cache` (`"auto"`,
+/// `"keep"` or `"bypass"`: whether what is read or written stays in the page cache; under `auto`
+/// reads keep a file of at most half the available memory and writes bypass), `direct_read` and
 /// `direct_write` (`"off"`, `"on"` or `"auto"`: bypass the page cache with O_DIRECT) and
 /// `direct_overread` (bool). Raises the matching `OSError` subclass (`FileNotFoundError`,
 /// `PermissionError`, `IsADirectoryError`, ...) with `filename` set, or `ValueError` for a
 /// bad mode or option. Only regular files and block devices open: a FIFO, socket or character
 /// device raises `OSError` (`EINVAL`, "is a FIFO", ...) at once, without waiting on it.
 #[pyfunction]
-#[pyo3(signature = (path, mode="r", *, task_size=None, direct_read=None, direct_write=None, direct_overread=None))]
+#[pyo3(signature = (path, mode="r", *, task_size=None, cache=None, direct_read=None, direct_write=None, direct_overread=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn open(
     py: Python<'_>,
     #[pyo3(from_py_with = crate::paths::fs_path)] path: PathBuf,
     mode: &str,
     task_size: Option<SettingText>,
+    cache: Option<SettingText>,
     direct_read: Option<SettingText>,
     direct_write: Option<SettingText>,
     direct_overread: Option<SettingText>,
@@ -166,6 +169,7 @@ pub(crate) fn open(
         mode,
         [
             ("task_size", task_size),
+            ("cache", cache),
             ("direct_read", direct_read),
             ("direct_write", direct_write),
             ("direct_overread", direct_overread),
@@ -177,12 +181,14 @@ pub(crate) fn open(
 impl File {
     /// Same as `ferrio.open(path, mode, ...)`.
     #[new]
-    #[pyo3(signature = (path, mode="r", *, task_size=None, direct_read=None, direct_write=None, direct_overread=None))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (path, mode="r", *, task_size=None, cache=None, direct_read=None, direct_write=None, direct_overread=None))]
     fn new(
         py: Python<'_>,
         #[pyo3(from_py_with = crate::paths::fs_path)] path: PathBuf,
         mode: &str,
         task_size: Option<SettingText>,
+        cache: Option<SettingText>,
         direct_read: Option<SettingText>,
         direct_write: Option<SettingText>,
         direct_overread: Option<SettingText>,
@@ -192,6 +198,7 @@ impl File {
             path,
             mode,
             task_size,
+            cache,
             direct_read,
             direct_write,
             direct_overread,

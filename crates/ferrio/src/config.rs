@@ -61,6 +61,51 @@ impl FromStr for DirectMode {
     }
 }
 
+/// What the page cache should hold after ferrio read or wrote a file (see [`crate::policy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CacheMode {
+    /// The data ends up in the page cache (cold ranges are read and written through it).
+    Keep,
+    /// Data that was not cached before is not cached after (cold ranges bypass the page cache).
+    Bypass,
+    /// Reads: `keep` for a file that fits comfortably in available memory, `bypass` for one
+    /// that does not, so that a stream larger than memory does not evict everything else.
+    /// Writes: `bypass` (buffered writes are slower; see [`crate::policy`]).
+    Auto,
+}
+
+impl CacheMode {
+    /// The accepted spellings, for error messages.
+    pub const FORMS: &'static str = "auto|keep|bypass";
+
+    /// The canonical name of this mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheMode::Keep => "keep",
+            CacheMode::Bypass => "bypass",
+            CacheMode::Auto => "auto",
+        }
+    }
+}
+
+impl fmt::Display for CacheMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CacheMode {
+    type Err = ();
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "keep" => Ok(CacheMode::Keep),
+            "bypass" => Ok(CacheMode::Bypass),
+            "auto" => Ok(CacheMode::Auto),
+            _ => Err(()),
+        }
+    }
+}
+
 /// All of ferrio's knobs. Construct with [`Settings::default`], [`Settings::from_env`] or
 /// [`Settings::current`], change fields directly or by name with [`Settings::set`].
 ///
@@ -78,6 +123,9 @@ pub struct Settings {
     pub max_threads: usize,
     /// One worker pool per block device (true) or one pool for everything (false).
     pub per_device_pools: bool,
+    /// What the page cache holds after a read or write; decides the mechanism when the
+    /// matching `direct_*` setting is `auto`.
+    pub cache: CacheMode,
     /// `O_DIRECT` policy for reads.
     pub direct_read: DirectMode,
     /// `O_DIRECT` policy for writes.
@@ -103,6 +151,7 @@ impl Default for Settings {
             device_threads: Vec::new(),
             max_threads: 0,
             per_device_pools: false,
+            cache: CacheMode::Auto,
             direct_read: DirectMode::Off,
             direct_write: DirectMode::Off,
             direct_overread: false,
@@ -214,11 +263,25 @@ pub const SETTINGS: &[SettingInfo] = &[
         },
     },
     SettingInfo {
+        name: "cache",
+        env: "FERRIO_CACHE",
+        unit: "auto/keep/bypass",
+        default: "auto",
+        doc: "page cache after I/O: keep = data stays cached, bypass = cold data is not cached, \
+              auto = reads keep a file of at most half the available memory, else bypass; \
+              writes bypass",
+        get: |s| s.cache.to_string(),
+        set: |s, v| {
+            s.cache = v.parse().map_err(|_| CacheMode::FORMS)?;
+            Ok(())
+        },
+    },
+    SettingInfo {
         name: "direct_read",
         env: "FERRIO_DIRECT_READ",
         unit: "off/on/auto",
         default: "auto",
-        doc: "O_DIRECT for reads; auto = buffered when resident, direct when cold",
+        doc: "O_DIRECT for reads; on/off force the mechanism, auto = as `cache` decides",
         get: |s| s.direct_read.to_string(),
         set: |s, v| {
             s.direct_read = mode(v)?;
@@ -230,7 +293,7 @@ pub const SETTINGS: &[SettingInfo] = &[
         env: "FERRIO_DIRECT_WRITE",
         unit: "off/on/auto",
         default: "auto",
-        doc: "O_DIRECT for writes",
+        doc: "O_DIRECT for writes; on/off force the mechanism, auto = as `cache` decides",
         get: |s| s.direct_write.to_string(),
         set: |s, v| {
             s.direct_write = mode(v)?;

@@ -1,13 +1,12 @@
-//! Direct-I/O policy: the alignment a file needs for `O_DIRECT`, and per task whether to use it.
+//! Direct-I/O facts: the alignment a file needs for `O_DIRECT`, and how much of a range the page
+//! cache holds. Whether a task uses `O_DIRECT` is decided by [`crate::policy`], not here.
 //!
 //! Alignment comes from the file system, not a constant: `statx(STATX_DIOALIGN)` where the
-//! kernel has it, else the device's logical block size from sysfs, else the page size. `auto`
-//! asks the page cache how much of a task's range is resident (`cachestat(2)`, else `mincore`)
-//! and reads through the cache when most of it is there.
+//! kernel has it, else the device's logical block size from sysfs, else the page size. The
+//! page cache is asked through `cachestat(2)`, else `mincore`.
 
 use std::os::fd::BorrowedFd;
 
-use crate::config::DirectMode;
 use crate::sys;
 
 /// How `O_DIRECT` can be used on one file.
@@ -94,24 +93,8 @@ fn logical_block_size(dev: libc::dev_t) -> Option<u32> {
     None
 }
 
-/// A task is read through the page cache under `auto` when at least this share of it is resident.
+/// A task counts as cached when at least this share of it is resident.
 pub(crate) const AUTO_RESIDENT_SHARE: f64 = 0.5;
-
-/// Whether a read task on `[offset, offset+len)` should use `O_DIRECT` under `mode`.
-/// `fd` is the buffered descriptor (for the residency query).
-pub(crate) fn read_direct(mode: DirectMode, fd: BorrowedFd<'_>, offset: u64, len: usize) -> bool {
-    match mode {
-        DirectMode::Off => false,
-        DirectMode::On => true,
-        DirectMode::Auto => match probe(fd, offset, len as u64) {
-            Probe::Cached => false,
-            Probe::Cold => true,
-            Probe::Mixed => {
-                resident_share(fd, offset, len as u64).is_some_and(|s| s < AUTO_RESIDENT_SHARE)
-            }
-        },
-    }
-}
 
 /// What three one-page probes of a range found in the page cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,24 +129,6 @@ pub(crate) fn probe(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Probe {
         0 => Probe::Cold,
         3 => Probe::Cached,
         _ => Probe::Mixed,
-    }
-}
-
-/// Whether a write task should use `O_DIRECT` under `mode`. Under `auto`: only on a local file
-/// system (a block device under it: direct writes are known to hurt on network file systems),
-/// and only when none of the range is cached (a direct write would have to flush and drop
-/// those pages, and a reader of them would lose its cache).
-pub(crate) fn write_direct(
-    mode: DirectMode,
-    local: bool,
-    fd: BorrowedFd<'_>,
-    offset: u64,
-    len: usize,
-) -> bool {
-    match mode {
-        DirectMode::Off => false,
-        DirectMode::On => true,
-        DirectMode::Auto => local && probe(fd, offset, len as u64) == Probe::Cold,
     }
 }
 

@@ -3,7 +3,8 @@
 //! A [`File`] splits each read or write into tasks ([`Settings::task_size`], 4 MiB by default)
 //! that run in parallel on the worker pool of the file's block device and complete one
 //! [`IoFuture`]. Each task chooses between the page cache and `O_DIRECT` by itself
-//! ([`DirectMode`]): cold data skips the page-cache copy, hot data is served from memory.
+//! ([`policy`]): hot data is served from memory; cold data stays in the page cache when the file
+//! fits in memory ([`CacheMode`]), so the next read is fast, and skips it when it does not.
 //!
 //! ```no_run
 //! # fn main() -> ferrio::Result<()> {
@@ -39,10 +40,11 @@ pub mod cuda;
 pub mod error;
 pub mod memory;
 pub mod pagecache;
+pub mod policy;
 pub mod safetensors;
 
 pub use buffer::{AlignedBuf, IoBuf, IoBufMut};
-pub use config::{DirectMode, Settings};
+pub use config::{CacheMode, DirectMode, Settings};
 pub use copy::{copy, CopyError, CopyMethod, CopyOptions, CopyProgress, CopyReport, DeviceTraffic};
 pub use direct::DirectSupport;
 pub use error::{Error, Op, Result};

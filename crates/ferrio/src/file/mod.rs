@@ -18,11 +18,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::buffer::{IoBuf, IoBufMut};
-use crate::config::{DirectMode, Settings};
+use crate::config::{CacheMode, DirectMode, Settings};
 use crate::cuda::DevicePtr;
 use crate::direct::{self, DirectSupport};
 use crate::error::{Error, Op, Result};
 use crate::plan::{self, Task};
+use crate::policy::{self, CacheDecision};
 use crate::pool::{self, Completion, DevicePool, Direction, IoFuture, Request};
 use crate::sys;
 
@@ -30,6 +31,7 @@ use crate::sys;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Choices {
     task_size: u64,
+    cache: CacheMode,
     direct_read: DirectMode,
     direct_write: DirectMode,
     overread: bool,
@@ -41,6 +43,9 @@ struct Choices {
 pub struct OpenOptions {
     settings: Option<Settings>,
     task_size: Option<u64>,
+    cache: Option<CacheMode>,
+    /// Testing hook: the memory the policy sees instead of the machine's.
+    assumed_memory: Option<u64>,
     direct_read: Option<DirectMode>,
     direct_write: Option<DirectMode>,
     overread: Option<bool>,
@@ -61,6 +66,21 @@ impl OpenOptions {
     /// Bytes per task for this file.
     pub fn task_size(mut self, bytes: u64) -> Self {
         self.task_size = Some(bytes.max(1));
+        self
+    }
+
+    /// What the page cache holds after reads and writes of this file ([`crate::policy`]).
+    pub fn cache(mut self, mode: CacheMode) -> Self {
+        self.cache = Some(mode);
+        self
+    }
+
+    /// Makes the cache policy see `bytes` of available memory instead of the machine's, so a
+    /// test can open a small file "larger than memory".
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn assume_available_memory(mut self, bytes: u64) -> Self {
+        self.assumed_memory = Some(bytes);
         self
     }
 
@@ -88,11 +108,16 @@ impl OpenOptions {
         let settings = self.settings.clone().unwrap_or_else(Settings::current);
         let choices = Choices {
             task_size: self.task_size.unwrap_or(settings.task_size),
+            cache: self.cache.unwrap_or(settings.cache),
             direct_read: self.direct_read.unwrap_or(settings.direct_read),
             direct_write: self.direct_write.unwrap_or(settings.direct_write),
             overread: self.overread.unwrap_or(settings.direct_overread),
         };
-        File::open_with(path.as_ref(), mode, choices, &settings)
+        let memory = self.assumed_memory.map(|b| policy::Memory {
+            available: b,
+            source: "assumed by a test".into(),
+        });
+        File::open_with(path.as_ref(), mode, choices, &settings, memory)
     }
 }
 
@@ -122,6 +147,8 @@ struct Inner {
     opened_pool: &'static Arc<DevicePool>,
     /// Whether the file lives on a block device (a local file system), not NFS/FUSE/tmpfs.
     local: bool,
+    /// What the cache policy decided at open.
+    cache: CacheDecision,
     /// The settings at open (thread cap, bounce-ring sizes).
     settings: Settings,
 }
@@ -142,7 +169,13 @@ impl File {
         OpenOptions::new()
     }
 
-    fn open_with(path: &Path, mode: Mode, choices: Choices, settings: &Settings) -> Result<File> {
+    fn open_with(
+        path: &Path,
+        mode: Mode,
+        choices: Choices,
+        settings: &Settings,
+        memory: Option<policy::Memory>,
+    ) -> Result<File> {
         let open_err = |source| Error::Open {
             path: path.to_path_buf(),
             mode: mode.as_str().to_string(),
@@ -174,6 +207,24 @@ impl File {
             }
         };
         let (pool, local) = pool::pool_for_device(st.st_dev, settings);
+        let cache = match choices.cache {
+            // Memory is read only when the answer depends on it.
+            CacheMode::Auto => {
+                let size = if st.st_mode & libc::S_IFMT == libc::S_IFBLK {
+                    sys::block_device_size(fd.as_fd()).unwrap_or(u64::MAX)
+                } else {
+                    st.st_size as u64
+                };
+                let memory = memory.or_else(policy::available_memory);
+                policy::decide(CacheMode::Auto, size, memory.as_ref())
+            }
+            mode => policy::decide(mode, 0, None),
+        };
+        if policy::buffered_bypass(choices.direct_read, &cache, direct.is_available()) {
+            // Cold ranges are read buffered and dropped: readahead would bring in pages past
+            // each task that the drop does not cover. A failure only leaves readahead on.
+            let _ = sys::fadvise_random(fd.as_fd());
+        }
         Ok(File {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
@@ -185,6 +236,7 @@ impl File {
                 append_at: Mutex::new(st.st_size as u64),
                 opened_pool: pool,
                 local,
+                cache,
                 settings: settings.clone(),
             }),
             choices,
@@ -225,6 +277,11 @@ impl File {
             };
         }
         self.inner.direct.clone()
+    }
+
+    /// What the cache policy decided for this file at open, and why.
+    pub fn cache_decision(&self) -> &CacheDecision {
+        &self.inner.cache
     }
 
     /// The `O_DIRECT` policy for reads of this file.

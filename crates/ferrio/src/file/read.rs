@@ -1,15 +1,15 @@
 //! The read path of a [`File`]: planning a host-memory read into tasks, and each task's choice
 //! between the page cache and `O_DIRECT` (straight into the caller's memory, through the
 //! worker's scratch buffer, or over-read), with the buffered fallback when direct I/O is refused.
-//! Syscalls go through [`crate::sys`]; the policy (when to go direct) is [`crate::direct`].
+//! Syscalls go through [`crate::sys`]; the policy (when to go direct) is [`crate::policy`].
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Addr, File};
-use crate::direct;
 use crate::error::{Op, Result};
 use crate::plan::{self, Task};
+use crate::policy::{self, ReadPath};
 use crate::pool::{Completion, Direction, Worker};
 use crate::sys;
 
@@ -46,12 +46,26 @@ impl File {
             // SAFETY: callers pass sub-ranges of the task's memory.
             unsafe { self.pread_fallback(dst, off, len) }
         };
-        let Some((_, _, align)) = self.direct() else {
-            return buffered(dst, t.offset, t.len);
+        let direct = self.direct();
+        let path = policy::read_path(
+            self.choices.direct_read,
+            &self.inner.cache,
+            direct.is_some(),
+            self.fd(),
+            t.offset,
+            t.len,
+        );
+        let align = match (path, direct) {
+            (ReadPath::Direct, Some((_, _, align))) => align,
+            (ReadPath::BufferedThenDrop, _) => {
+                let n = buffered(dst, t.offset, t.len)?;
+                // The range was cold: nobody else had these pages, so dropping them leaves the
+                // cache as it was. A failure only leaves them cached.
+                let _ = sys::fadvise_dontneed(self.fd(), t.offset, t.len as u64);
+                return Ok(n);
+            }
+            _ => return buffered(dst, t.offset, t.len),
         };
-        if !direct::read_direct(self.choices.direct_read, self.fd(), t.offset, t.len) {
-            return buffered(dst, t.offset, t.len);
-        }
         if self.choices.overread {
             // SAFETY: forwarded: `dst` covers the task.
             return unsafe { self.read_overread(w, dst, t.offset, t.len) };

@@ -2,16 +2,15 @@
 //! a direct write that extends the file, how many tasks of a write run at once, and each task's
 //! choice between the page cache and `O_DIRECT`, with the buffered fallback when direct I/O is
 //! refused. Syscalls go through [`crate::sys`]; the policy (when to go direct) is
-//! [`crate::direct`].
+//! [`crate::policy`].
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Addr, File};
-use crate::config::DirectMode;
-use crate::direct;
 use crate::error::{Op, Result};
 use crate::plan::{self, Task};
+use crate::policy;
 use crate::pool::{Completion, Direction, Worker};
 use crate::sys;
 
@@ -77,7 +76,7 @@ impl File {
     ) -> Result<()> {
         if tasks < 2
             || !self.inner.local
-            || self.choices.direct_write == DirectMode::Off
+            || !policy::writes_may_go_direct(self.choices.direct_write, &self.inner.cache)
             || self.direct().is_none()
         {
             return Ok(());
@@ -127,7 +126,9 @@ impl File {
     /// spinning and CPU time (measured: see benchmarks/RESULTS.md); direct writes and file
     /// systems without a block device (NFS, FUSE) run on every thread.
     pub(super) fn write_cap(&self) -> usize {
-        if self.choices.direct_write == DirectMode::Off && self.inner.local {
+        if !policy::writes_may_go_direct(self.choices.direct_write, &self.inner.cache)
+            && self.inner.local
+        {
             BUFFERED_WRITES_IN_FLIGHT
         } else {
             usize::MAX
@@ -145,8 +146,9 @@ impl File {
         t: &Task,
     ) -> Result<usize> {
         let direct = self.direct().filter(|_| {
-            direct::write_direct(
+            policy::write_direct(
                 self.choices.direct_write,
+                &self.inner.cache,
                 self.inner.local,
                 self.fd(),
                 t.offset,

@@ -314,6 +314,17 @@ pub fn fadvise_dontneed(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result
     Ok(())
 }
 
+/// `posix_fadvise(POSIX_FADV_RANDOM)` on the whole file: no readahead through this descriptor, so
+/// a buffered read brings in only the bytes asked for.
+pub fn fadvise_random(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain syscall on an open descriptor.
+    let r = unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}
+
 /// `fdatasync(2)`.
 pub fn fdatasync(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: plain syscall on an open descriptor.

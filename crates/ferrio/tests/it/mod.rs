@@ -6,5 +6,6 @@ mod errors;
 mod fork;
 mod gpu;
 mod pagecache;
+mod policy;
 mod readme;
 mod special;
