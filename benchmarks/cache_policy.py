@@ -143,6 +143,8 @@ def main() -> int:
 
     def record(name: str, r: tuple[float, float]) -> None:
         results.setdefault(name, []).append(r)
+        # As it happens, so that a run cut short still tells something.
+        print(f"# {name}: {r[0]:.2f} GiB/s, {r[1]:.2f} CPU s/GiB", file=sys.stderr, flush=True)
 
     cold: dict[str, Callable[[], tuple[float, float]]] = {
         "fio io_uring O_DIRECT bs 1 MiB iodepth 32": fio("1M", 32),

@@ -85,14 +85,17 @@ print(json.dumps({"seconds": seconds, "tensor_bytes": nbytes,
 """
 
 
-def make_checkpoints(root: str) -> dict[str, list[str]]:
-    """Create the single-file and the sharded checkpoint if missing; return their files."""
+def make_checkpoints(root: str, which: str = "both") -> dict[str, list[str]]:
+    """Create the single-file and/or the sharded checkpoint if missing; return their files."""
     single = os.path.join(root, "single", "model.safetensors")
     shards = [
         os.path.join(root, "sharded", f"model-0000{i + 1}-of-00004.safetensors") for i in range(4)
     ]
-    if all(os.path.exists(p) for p in [single, *shards]):
-        return {"single 8 GiB": [single], "4 x 2 GiB shards": shards}
+    wanted = {"single 8 GiB": [single], "4 x 2 GiB shards": shards}
+    if which != "both":
+        wanted = {k: v for k, v in wanted.items() if k.startswith(which)}
+    if all(os.path.exists(p) for files in wanted.values() for p in files):
+        return wanted
     import torch
     from safetensors.torch import save_file
 
@@ -117,6 +120,8 @@ def make_checkpoints(root: str) -> dict[str, list[str]]:
     os.makedirs(os.path.dirname(single), exist_ok=True)
     os.makedirs(os.path.dirname(shards[0]), exist_ok=True)
     save_file(tensors, single)
+    if which == "single":
+        return wanted
     names = sorted(tensors)
     weight_map = {}
     for i, path in enumerate(shards):
@@ -125,7 +130,7 @@ def make_checkpoints(root: str) -> dict[str, list[str]]:
         weight_map.update({n: os.path.basename(path) for n in part})
     with open(os.path.join(os.path.dirname(shards[0]), "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
-    return {"single 8 GiB": [single], "4 x 2 GiB shards": shards}
+    return wanted
 
 
 def warm(files: list[str]) -> None:
@@ -163,9 +168,11 @@ def main() -> None:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--loaders", default=",".join(LOADERS))
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--checkpoints", choices=["both", "single", "4"], default="both",
+                    help="which checkpoints: both, the single file, or the 4 shards")  # fmt: skip
     args = ap.parse_args()
     loaders = args.loaders.split(",")
-    ckpts = make_checkpoints(args.dir)
+    ckpts = make_checkpoints(args.dir, args.checkpoints)
     results: dict[str, dict] = {}
     can_drop = drop_caches()
     for ckpt, files in ckpts.items():

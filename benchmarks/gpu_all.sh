@@ -3,7 +3,7 @@
 # wheels, the Rust and Python GPU tests, the memory-pool tests and benchmarks, the file -> GPU
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
-#   bash benchmarks/gpu_all.sh [STEP...]   steps: tests memory sweep compare checkpoint multidrive
+#   bash benchmarks/gpu_all.sh [STEP...]   steps: tests memory sweep compare checkpoint policy cligpu multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
 ROOT=$PWD
@@ -61,11 +61,34 @@ sed -n '/^medians/,$p' "$LOGS/gpu_compare.log" | tee -a "$S"; tail -3 "$LOGS/gpu
 cd "$ROOT"
 fi
 
+if want cligpu; then
+step cli-read-gpu
+# `ferrio read --gpu 0`: the file -> GPU rate from the command line, warm then cold.
+F=/root/ferrio-cli-gpu.bin
+"$ROOT/.carry/bin/ferrio" write "$F" --size 8GiB >>"$S" 2>&1
+dd if="$F" of=/dev/null bs=16M status=none
+timeout 60 "$ROOT/.carry/bin/ferrio" read --gpu 0 "$F" 2>&1 | sed 's/^/warm: /' | tee -a "$S"
+timeout 60 "$ROOT/.carry/bin/ferrio" read --gpu 0 --cold "$F" 2>&1 | sed 's/^/cold: /' | tee -a "$S"
+timeout 60 "$ROOT/.carry/bin/ferrio" read --gpu 0 "$F" 2>&1 | sed 's/^/again, new process: /' | tee -a "$S"
+rm -f "$F"
+fi
+
+if want policy; then
+step cache-policy
+# Issue 15's targets: cold first read against fio's O_DIRECT shapes, second read in a new
+# process, larger than memory in a cgroup (fio and ferrio from .carry/bin).
+PATH=$ROOT/.carry/bin:$PATH timeout "${POLICY_TIMEOUT:-300}" python3 benchmarks/cache_policy.py \
+  --dir /root --size-gib "${POLICY_GIB:-8}" --rounds "${POLICY_ROUNDS:-2}" --gpu \
+  --ferrio "$ROOT/.carry/bin/ferrio" >"$LOGS/cache_policy.log" 2>&1
+tail -40 "$LOGS/cache_policy.log" | tee -a "$S"
+fi
+
 if want checkpoint; then
 step checkpoint-compare
 # Fresh process per load, warm and cold, the 8 GiB file and 4 x 2 GiB shards (created if missing).
 timeout "${CKPT_TIMEOUT:-420}" python3 benchmarks/checkpoint_compare.py --dir /root/ferrio-ckpt \
-  --rounds "${CKPT_ROUNDS:-2}" >"$LOGS/checkpoint_compare.log" 2>&1
+  --rounds "${CKPT_ROUNDS:-2}" --checkpoints "${CKPT_WHICH:-both}" \
+  ${CKPT_LOADERS:+--loaders "$CKPT_LOADERS"} >"$LOGS/checkpoint_compare.log" 2>&1
 cat "$LOGS/checkpoint_compare.log" | tail -30 | tee -a "$S"
 fi
 
