@@ -9,6 +9,7 @@ use super::File;
 use crate::bounce;
 use crate::cuda::{self, DevicePtr, Memory};
 use crate::error::{Error, Op, Result};
+use crate::policy;
 use crate::plan::{self, Task};
 use crate::pool::{Completion, Direction, Request, Worker};
 
@@ -59,14 +60,30 @@ impl File {
             self.inner.settings.bounce_buffer_size * self.inner.settings.bounce_buffers as u64;
         self.check_range(offset, len)?;
         let min_task = self.choices.task_size.max(ring_bytes);
-        let tasks = plan::split_guided(
-            offset,
-            len,
-            min_task,
-            plan::MAX_DEVICE_TASK.max(min_task),
-            2 * self.pool().width() as u64,
-            self.plan_align(),
-        );
+        // A cold read that fills the page cache goes in a few large sequential tasks (see
+        // `policy::fill_shape`); each still runs through its worker's ring.
+        let fill = if direction == Direction::Read {
+            policy::fill_shape(
+                self.choices.direct_read,
+                &self.inner.cache,
+                self.fd(),
+                offset,
+                len as u64,
+            )
+        } else {
+            None
+        };
+        let tasks = match fill {
+            Some(shape) => plan::split(offset, len, shape.task_bytes, self.plan_align()),
+            None => plan::split_guided(
+                offset,
+                len,
+                min_task,
+                plan::MAX_DEVICE_TASK.max(min_task),
+                2 * self.pool().width() as u64,
+                self.plan_align(),
+            ),
+        };
         if direction == Direction::Write {
             self.extend_for_direct_write(offset, len, tasks.len())?;
         }
@@ -110,10 +127,13 @@ impl File {
             }
         });
         // Device tasks never run inline: the caller's thread has no bounce ring to spare.
-        let request = Request {
+        let mut request = Request {
             inline_ok: false,
             ..self.request(tasks, offset, len, direction, run)
         };
+        if let Some(shape) = fill {
+            request.max_active = shape.in_flight;
+        }
         Ok(self.queue(request))
     }
 }

@@ -493,13 +493,13 @@ impl File {
     }
 
     fn plan(&self, offset: u64, len: usize) -> Result<Vec<Task>> {
+        self.plan_with(offset, len, self.choices.task_size)
+    }
+
+    /// As [`File::plan`], with tasks of `task_bytes`.
+    fn plan_with(&self, offset: u64, len: usize, task_bytes: u64) -> Result<Vec<Task>> {
         self.check_range(offset, len)?;
-        Ok(plan::split(
-            offset,
-            len,
-            self.choices.task_size,
-            self.plan_align(),
-        ))
+        Ok(plan::split(offset, len, task_bytes, self.plan_align()))
     }
 
     fn check_range(&self, offset: u64, len: usize) -> Result<()> {

@@ -25,7 +25,17 @@ impl File {
         offset: u64,
     ) -> Result<Arc<Completion>> {
         self.check_mode(Op::Read)?;
-        let tasks = self.plan(offset, len)?;
+        let fill = policy::fill_shape(
+            self.choices.direct_read,
+            &self.inner.cache,
+            self.fd(),
+            offset,
+            len as u64,
+        );
+        let tasks = match fill {
+            Some(shape) => self.plan_with(offset, len, shape.task_bytes)?,
+            None => self.plan(offset, len)?,
+        };
         let file = self.clone();
         let base = Addr(ptr as usize);
         let run = Box::new(move |w: &mut Worker, t: &Task| {
@@ -34,7 +44,11 @@ impl File {
             // the caller keeps valid and unaliased until the future is done; tasks never overlap.
             unsafe { file.read_task(w, dst, t) }
         });
-        Ok(self.queue(self.request(tasks, offset, len, Direction::Read, run)))
+        let mut request = self.request(tasks, offset, len, Direction::Read, run);
+        if let Some(shape) = fill {
+            request.max_active = shape.in_flight;
+        }
+        Ok(self.queue(request))
     }
 
     /// Reads one task into `dst`.
