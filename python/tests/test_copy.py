@@ -45,3 +45,15 @@ def test_file_system_errors_are_oserrors_naming_the_path(tmp_path: Path) -> None
     assert info.value.filename is not None
     assert "no-such-dir" in str(info.value.filename)
     assert "temporary file" in str(info.value)
+
+
+def test_a_directory_loop_followed_is_an_oserror_naming_the_link(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"x")
+    (src / "self").symlink_to(".")
+    with pytest.raises(OSError) as info:
+        ferrio.copy(src, tmp_path / "dst", recursive=True, follow_symlinks=True)
+    assert info.value.errno == 40  # ELOOP
+    assert str(info.value.filename).endswith("self")
+    assert not isinstance(info.value, ferrio.FerrioError)
