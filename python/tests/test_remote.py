@@ -11,8 +11,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.server
+import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -96,11 +99,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
 
+    def _missing(self) -> bool:
+        if self.path == "/data/object.bin":
+            return False
+        self._headers(404, 0, {})
+        return True
+
     def do_HEAD(self) -> None:
+        if self._missing():
+            return
         with self.obj.lock:
             self._headers(200, len(self.obj.body), {})
 
     def do_GET(self) -> None:
+        if self._missing():
+            return
         obj = self.obj
         with obj.lock:
             obj.gets += 1
@@ -228,6 +241,33 @@ def test_missing_and_malformed_urls(http_object: tuple[str, _Object]) -> None:
         ferrio.open_url(url, "w")
     with pytest.raises(ValueError, match="local files"):
         ferrio.open(url, cache="keep")
+    missing = url.replace("object.bin", "missing.bin")
+    with pytest.raises(FileNotFoundError) as e:
+        ferrio.open(missing)
+    assert e.value.filename == missing
+
+
+def test_cli_reads_a_url(http_object: tuple[str, _Object]) -> None:
+    url, obj = http_object
+    out = subprocess.run(
+        [sys.executable, "-m", "ferrio._cli", "read", url, "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["bytes"] == len(obj.body)
+    missing = url.replace("object.bin", "missing.bin")
+    out = subprocess.run(
+        [sys.executable, "-m", "ferrio._cli", "read", missing],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+    )
+    assert out.returncode != 0
+    assert "missing.bin" in out.stderr
 
 
 # ---------------------------------------------------------------------------------------------
