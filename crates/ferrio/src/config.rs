@@ -371,7 +371,7 @@ pub const SETTINGS: &[SettingInfo] = &[
         name: "remote_concurrency",
         env: "FERRIO_REMOTE_CONCURRENCY",
         unit: "requests (1 to 1024)",
-        default: "16",
+        default: "32",
         doc: "ranged GETs in flight per remote object",
         get: |s| s.remote_concurrency.to_string(),
         set: |s, v| {

@@ -316,7 +316,9 @@ impl RemoteFile {
         let completion = Completion::new(offset, len, 1);
         let ranges = plan::split(offset, n, settings.remote_range_size, 1);
         let ahead = settings.remote_concurrency.max(1);
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>>>(ahead);
+        // The GETs in flight are the read-ahead; the channel only hands finished ranges over,
+        // so host memory stays near `ahead` ranges.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>>>(2);
         let producer = {
             let pinned = pinned.clone();
             async move {
