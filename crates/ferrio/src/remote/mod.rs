@@ -2,7 +2,7 @@
 //! parallel into host or GPU memory: [`RemoteFile`].
 //!
 //! A remote object is another *source* for the same destinations as a [`crate::File`]: a read
-//! is planned into range tasks like a local read ([`crate::plan::split`], with
+//! is planned into range tasks like a local read (`plan::split`, with
 //! [`Settings::remote_range_size`]), the tasks run as ranged GETs on one tokio runtime inside
 //! the library (`runtime.rs`), at most [`Settings::remote_concurrency`] at once per object, and
 //! each lands directly in its slice of the caller's memory; the same [`IoFuture`] reports the
