@@ -247,6 +247,31 @@ def test_missing_and_malformed_urls(http_object: tuple[str, _Object]) -> None:
     assert e.value.filename == missing
 
 
+def test_forked_child_reads_with_its_own_runtime(http_object: tuple[str, _Object]) -> None:
+    import multiprocessing
+
+    url, obj = http_object
+    f = ferrio.open_url(url, range_size="1MiB")
+    assert _in_thread(lambda: _read_all(f)) == obj.body  # the parent's runtime is running
+
+    def child(conn: Any) -> None:
+        # The object opened before the fork, and a new one: both read in the child.
+        digest = hashlib.sha256(_read_all(f)).hexdigest()
+        again = hashlib.sha256(_read_all(ferrio.open_url(url))).hexdigest()
+        conn.send((digest, again))
+        conn.close()
+
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    p = ctx.Process(target=child, args=(theirs,))
+    p.start()
+    assert ours.poll(BOUND_S), "the forked child did not answer in time"
+    want = hashlib.sha256(obj.body).hexdigest()
+    assert ours.recv() == (want, want)
+    p.join(BOUND_S)
+    assert p.exitcode == 0
+
+
 def test_cli_reads_a_url(http_object: tuple[str, _Object]) -> None:
     url, obj = http_object
     out = subprocess.run(
