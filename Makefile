@@ -3,7 +3,8 @@ SHELL := /bin/bash
 CARGO ?= cargo
 PYTHON ?= python3
 BENCH_ARGS ?= --compare
-PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors
+# moto[server]: the local S3 server of the remote-object tests (python/tests/test_remote.py).
+PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors "moto[server]"
 
 .PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-python install \
 	build gpu-wheel gpu-test
@@ -19,7 +20,7 @@ deps-system:
 	  $$S apt-get update -qq && $$S apt-get install -y -qq fio >/dev/null; }
 
 deps-python:
-	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff, hypothesis, safetensors" 2>/dev/null || \
+	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff, hypothesis, safetensors, moto.server" 2>/dev/null || \
 	  $(PYTHON) -m pip install -q $(PY_TOOLS)
 
 # The Python package, with the `ferrio` command (a release build of the whole engine).

@@ -14,6 +14,7 @@ __all__ = [
     "File",
     "IOFuture",
     "PoolResource",
+    "RemoteFile",
     "Residency",
     "SafetensorError",
     "__version__",
@@ -26,7 +27,9 @@ __all__ = [
     "drop_cache",
     "drop_system_cache",
     "env_error",
+    "is_remote_url",
     "open",
+    "open_url",
     "residency",
     "safetensors_dtypes",
     "safetensors_header_bytes",
@@ -111,6 +114,51 @@ class File:
     ) -> bool: ...
 
 @final
+class RemoteFile:
+    """An object in remote storage (s3://, gs://, az://, http(s)://), open for parallel reads."""
+
+    def __new__(
+        cls,
+        url: str,
+        mode: str = "r",
+        *,
+        range_size: _Setting | None = None,
+        concurrency: _Setting | None = None,
+    ) -> Self: ...
+    def read(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> int:
+        """Read into `buf` at `offset` with parallel ranged GETs; return the bytes read."""
+    def pread(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> IOFuture:
+        """Start a read and return its future at once."""
+    def close(self) -> None:
+        """Close the object (reads still running finish first)."""
+    @property
+    def closed(self) -> bool:
+        """Whether the object is closed."""
+    @property
+    def url(self) -> str:
+        """The URL the object was opened with."""
+    @property
+    def path(self) -> str:
+        """The URL, under the name File uses."""
+    @property
+    def mode(self) -> str:
+        """Always "r"."""
+    @property
+    def size(self) -> int:
+        """The object's size in bytes, as it was at open."""
+    @property
+    def etag(self) -> str | None:
+        """The object's ETag at open, if the store gave one."""
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+        /,
+    ) -> bool: ...
+
+@final
 class IOFuture:
     """The handle of a parallel read or write; awaitable."""
 
@@ -153,7 +201,19 @@ def open(
     direct_write: _Setting | None = None,
     direct_overread: _Setting | None = None,
 ) -> File:
-    """Open a file for parallel reads and writes."""
+    """Open a file for parallel reads and writes (a URL str opens a RemoteFile; see open_url)."""
+
+def open_url(
+    url: str,
+    mode: str = "r",
+    *,
+    range_size: _Setting | None = None,
+    concurrency: _Setting | None = None,
+) -> RemoteFile:
+    """Open an object in remote storage for parallel reads."""
+
+def is_remote_url(path: object) -> bool:
+    """Whether `path` is a URL that open() reads from remote storage."""
 
 def wait(futures: Sequence[IOFuture], timeout: float | None = None) -> list[int]:
     """Wait for every future; return their byte counts in order."""

@@ -1,5 +1,6 @@
 //! `ferrio read PATH...`: reads files in parallel into host memory, or with `--gpu N` into the
-//! memory of GPU N (the file -> GPU rate, no Python needed).
+//! memory of GPU N (the file -> GPU rate, no Python needed). A PATH that is a URL (`s3://`,
+//! `gs://`, `az://`, `http(s)://`) is read from remote storage with parallel ranged GETs.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -32,10 +33,11 @@ const MIN_WINDOW: u64 = 8 << 20;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
-    /// Files to read (all at once, each on its device's pool)
+    /// Files to read (all at once, each on its device's pool), or URLs of objects in remote
+    /// storage (s3://, gs://, az://, http(s)://; credentials from AWS_*, GOOGLE_*, AZURE_*)
     #[arg(required = true)]
     paths: Vec<PathBuf>,
-    /// Drop each file's pages from the page cache first (a cold read)
+    /// Drop each file's pages from the page cache first (a cold read; URLs are always cold)
     #[arg(long)]
     cold: bool,
     /// Read into the memory of GPU N (one device buffer the size of each file, filled through
@@ -52,23 +54,78 @@ struct Outcome {
     secs: f64,
 }
 
+/// What `read` reads from: a local file or an object in remote storage.
+enum Source {
+    Local(ferrio::File),
+    Remote(ferrio::RemoteFile),
+}
+
+impl Source {
+    /// Opens `p`: a URL of a remote object, else a local file (its pages dropped first if
+    /// `cold`).
+    fn open(p: &PathBuf, settings: &ferrio::Settings, cold: bool) -> anyhow::Result<Self> {
+        if let Some(url) = p.to_str().filter(|u| ferrio::remote::is_remote_url(u)) {
+            return Ok(Source::Remote(ferrio::RemoteFile::open_with(
+                url,
+                settings.clone(),
+            )?));
+        }
+        existing(p)?;
+        if cold {
+            ferrio::pagecache::drop_file(p)?;
+        }
+        Ok(Source::Local(
+            ferrio::File::options()
+                .settings(settings.clone())
+                .open(p, "r")?,
+        ))
+    }
+
+    fn path(&self) -> &std::path::Path {
+        match self {
+            Source::Local(f) => f.path(),
+            Source::Remote(f) => std::path::Path::new(f.url()),
+        }
+    }
+
+    fn len(&self) -> ferrio::Result<u64> {
+        match self {
+            Source::Local(f) => f.len(),
+            Source::Remote(f) => Ok(f.len()),
+        }
+    }
+
+    fn pread<B: ferrio::IoBufMut>(&self, buf: B, offset: u64) -> ferrio::IoFuture<B> {
+        match self {
+            Source::Local(f) => f.pread(buf, offset),
+            Source::Remote(f) => f.pread(buf, offset),
+        }
+    }
+
+    /// # Safety
+    /// As [`ferrio::File::pread_device`].
+    unsafe fn pread_device(
+        &self,
+        dst: ferrio::cuda::DevicePtr,
+        len: usize,
+        offset: u64,
+    ) -> ferrio::IoFuture {
+        match self {
+            // SAFETY: forwarded from this function's contract.
+            Source::Local(f) => unsafe { f.pread_device(dst, len, offset) },
+            // SAFETY: forwarded from this function's contract.
+            Source::Remote(f) => unsafe { f.pread_device(dst, len, offset) },
+        }
+    }
+}
+
 pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     let settings = a.io.settings()?;
-    for p in &a.paths {
-        existing(p)?;
-    }
     let files = a
         .paths
         .iter()
-        .map(|p| {
-            if a.cold {
-                ferrio::pagecache::drop_file(p)?;
-            }
-            ferrio::File::options()
-                .settings(settings.clone())
-                .open(p, "r")
-        })
-        .collect::<ferrio::Result<Vec<_>>>()?;
+        .map(|p| Source::open(p, &settings, a.cold))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let lens = files
         .iter()
         .map(|f| f.len())
@@ -247,7 +304,7 @@ unsafe impl ferrio::IoBufMut for Window {
 /// Reads every file at once into its own buffer on GPU `gpu`; stops promptly at Ctrl-C. The
 /// device buffers are allocated before the clock starts.
 fn read_to_gpu(
-    files: &[ferrio::File],
+    files: &[Source],
     lens: &[u64],
     gpu: usize,
     total: u64,
@@ -328,7 +385,7 @@ fn read_to_gpu(
 
 /// Reads all of `f` through the windows in `bufs`, all of them in flight, reusing them;
 /// stops promptly at Ctrl-C. The windows are handed back in `bufs` when all went well.
-fn read_one(f: &ferrio::File, bufs: &mut Vec<Window>) -> anyhow::Result<Outcome> {
+fn read_one(f: &Source, bufs: &mut Vec<Window>) -> anyhow::Result<Outcome> {
     let len = f.len()?;
     let window = bufs.first().map_or(0, |w| w.buf.len()).max(1);
     let t0 = Instant::now();

@@ -150,20 +150,53 @@ fn open_file(
 /// `PermissionError`, `IsADirectoryError`, ...) with `filename` set, or `ValueError` for a
 /// bad mode or option. Only regular files and block devices open: a FIFO, socket or character
 /// device raises `OSError` (`EINVAL`, "is a FIFO", ...) at once, without waiting on it.
+///
+/// A `str` that is a URL (`s3://`, `gs://`, `az://`, `abfs://`, `http(s)://`) opens the object
+/// for reading and returns a `RemoteFile` (as `open_url(path)`): mode `r` only, `task_size`
+/// sets the bytes per ranged GET, and the page-cache options do not apply.
 #[pyfunction]
 #[pyo3(signature = (path, mode="r", *, task_size=None, cache=None, direct_read=None, direct_write=None, direct_overread=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn open(
     py: Python<'_>,
-    #[pyo3(from_py_with = crate::paths::fs_path)] path: PathBuf,
+    path: &Bound<'_, PyAny>,
     mode: &str,
     task_size: Option<SettingText>,
     cache: Option<SettingText>,
     direct_read: Option<SettingText>,
     direct_write: Option<SettingText>,
     direct_overread: Option<SettingText>,
-) -> PyResult<File> {
-    open_file(
+) -> PyResult<Py<PyAny>> {
+    if let Some(url) = path
+        .extract::<&str>()
+        .ok()
+        .filter(|p| ferrio::remote::is_remote_url(p))
+    {
+        let local_only = [
+            ("cache", &cache),
+            ("direct_read", &direct_read),
+            ("direct_write", &direct_write),
+            ("direct_overread", &direct_overread),
+        ];
+        if let Some((name, _)) = local_only.iter().find(|(_, v)| v.is_some()) {
+            return Err(PyValueError::new_err(format!(
+                "{name} applies to local files, not to the remote object {url}"
+            )));
+        }
+        // A remote read's tasks are its ranged GETs.
+        let remote = crate::remote::open_remote(
+            py,
+            url,
+            mode,
+            [
+                ("remote_range_size", task_size),
+                ("remote_concurrency", None),
+            ],
+        )?;
+        return Ok(Py::new(py, remote)?.into_any());
+    }
+    let path = crate::paths::fs_path(path)?;
+    let file = open_file(
         py,
         path,
         mode,
@@ -174,7 +207,8 @@ pub(crate) fn open(
             ("direct_write", direct_write),
             ("direct_overread", direct_overread),
         ],
-    )
+    )?;
+    Ok(Py::new(py, file)?.into_any())
 }
 
 #[pymethods]
@@ -193,15 +227,17 @@ impl File {
         direct_write: Option<SettingText>,
         direct_overread: Option<SettingText>,
     ) -> PyResult<File> {
-        open(
+        open_file(
             py,
             path,
             mode,
-            task_size,
-            cache,
-            direct_read,
-            direct_write,
-            direct_overread,
+            [
+                ("task_size", task_size),
+                ("cache", cache),
+                ("direct_read", direct_read),
+                ("direct_write", direct_write),
+                ("direct_overread", direct_overread),
+            ],
         )
     }
 

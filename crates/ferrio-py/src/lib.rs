@@ -1,6 +1,6 @@
 //! `ferrio._native`: the Python bindings of ferrio, re-exported by the `ferrio` package.
 //!
-//! One file per Python class (`file.rs`: `File`, `future.rs`: `IOFuture`, `pagecache.rs`:
+//! One file per Python class (`file.rs`: `File`, `remote.rs`: `RemoteFile`, `future.rs`: `IOFuture`, `pagecache.rs`:
 //! `Residency`), plus buffer validation (`buffer.rs`), the exception mapping (`errors.rs`),
 //! settings (`config.rs`), pool statistics (`stats.rs`), parallel copy (`copy.rs`), the pool memory resource (`memory.rs`), the console script (`cli.rs`), the safetensors format (`safetensors.rs`) and the one helper that releases the
 //! GIL (`gil.rs`).
@@ -16,6 +16,7 @@ mod gil;
 mod memory;
 mod pagecache;
 mod paths;
+mod remote;
 mod safetensors;
 mod stats;
 
@@ -27,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<file::File>()?;
+    m.add_class::<remote::RemoteFile>()?;
     m.add_class::<future::IOFuture>()?;
     m.add_class::<pagecache::Residency>()?;
     m.add_class::<memory::PoolResource>()?;
@@ -40,6 +42,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CudaError", py.get_type::<errors::CudaError>())?;
     m.add("SafetensorError", py.get_type::<errors::SafetensorError>())?;
     m.add_function(wrap_pyfunction!(file::open, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::open_url, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::is_remote_url, m)?)?;
     m.add_function(wrap_pyfunction!(future::wait, m)?)?;
     m.add_function(wrap_pyfunction!(pagecache::residency, m)?)?;
     m.add_function(wrap_pyfunction!(pagecache::drop_cache, m)?)?;

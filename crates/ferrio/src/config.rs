@@ -138,6 +138,10 @@ pub struct Settings {
     pub bounce_buffers: usize,
     /// Cap on pinned host memory held by all bounce rings.
     pub pinned_limit: u64,
+    /// Bytes per ranged GET when reading a remote object.
+    pub remote_range_size: u64,
+    /// Ranged GETs in flight per remote object.
+    pub remote_concurrency: usize,
 }
 
 impl Default for Settings {
@@ -158,6 +162,8 @@ impl Default for Settings {
             bounce_buffer_size: 0,
             bounce_buffers: 0,
             pinned_limit: 0,
+            remote_range_size: 0,
+            remote_concurrency: 0,
         };
         for info in SETTINGS {
             let parsed = (info.set)(&mut s, info.default);
@@ -348,7 +354,39 @@ pub const SETTINGS: &[SettingInfo] = &[
             Ok(())
         },
     },
+    SettingInfo {
+        name: "remote_range_size",
+        env: "FERRIO_REMOTE_RANGE_SIZE",
+        unit: "bytes",
+        default: "8 MiB",
+        doc: "a read of a remote object (s3://, gs://, az://, http(s)://) is split into ranged \
+              GETs of this size",
+        get: |s| s.remote_range_size.to_string(),
+        set: |s, v| {
+            s.remote_range_size = size(v, 4096, "at least 4KiB")?;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "remote_concurrency",
+        env: "FERRIO_REMOTE_CONCURRENCY",
+        unit: "requests (1 to 1024)",
+        default: "32",
+        doc: "ranged GETs in flight per remote object",
+        get: |s| s.remote_concurrency.to_string(),
+        set: |s, v| {
+            let n = count(v, 1, "at least 1 request")?;
+            if n > MAX_REMOTE_CONCURRENCY {
+                return Err("at most 1024 requests");
+            }
+            s.remote_concurrency = n;
+            Ok(())
+        },
+    },
 ];
+
+/// Most ranged GETs in flight per remote object: more would only queue in the client.
+const MAX_REMOTE_CONCURRENCY: usize = 1024;
 
 const SIZE_FORMS: &str = "a byte count such as 4194304, 4MiB, 4M, 512KiB, 2GiB or 1G";
 const COUNT_FORMS: &str = "a whole number such as 0, 4 or 16";

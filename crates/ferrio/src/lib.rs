@@ -41,6 +41,7 @@ pub mod error;
 pub mod memory;
 pub mod pagecache;
 pub mod policy;
+pub mod remote;
 pub mod safetensors;
 
 pub use buffer::{AlignedBuf, IoBuf, IoBufMut};
@@ -50,3 +51,4 @@ pub use direct::DirectSupport;
 pub use error::{Error, Op, Result};
 pub use file::{stats, File, Mode, OpenOptions};
 pub use pool::{wait_all, IoFuture, PoolStats};
+pub use remote::RemoteFile;

@@ -8,4 +8,5 @@ mod gpu;
 mod pagecache;
 mod policy;
 mod readme;
+mod remote;
 mod special;

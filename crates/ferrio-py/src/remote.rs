@@ -1,0 +1,239 @@
+//! `RemoteFile`: an object in remote storage (`s3://`, `gs://`, `az://`, `http(s)://`) read in
+//! parallel ranged GETs into host or GPU memory, with the read API of `File`.
+//!
+//! Arguments are validated before any I/O; blocking happens only through [`crate::gil`]. The
+//! object's size and version are fixed at open (see `ferrio::remote`).
+
+use std::sync::{Mutex, MutexGuard};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use ferrio::Settings;
+
+use crate::buffer::{self, Direction, Target};
+use crate::config::SettingText;
+use crate::errors::{closed_file, to_pyerr};
+use crate::future::{IOFuture, Keep, Pending};
+use crate::gil::without_gil;
+
+/// An object in remote storage, open for reading. Reads are split into ranged GETs that run in
+/// parallel; the GIL is released while they run.
+///
+/// Open with `ferrio.open(url)` or `ferrio.open_url(url)`. Usable from many threads at once, and
+/// as a context manager. Reads past the end of the object return a short count; a read of an
+/// object replaced since it was opened raises `OSError` naming the URL.
+#[pyclass(frozen, module = "ferrio", name = "RemoteFile")]
+pub struct RemoteFile {
+    inner: Mutex<Option<ferrio::RemoteFile>>,
+    url: String,
+}
+
+impl RemoteFile {
+    fn lock(&self) -> MutexGuard<'_, Option<ferrio::RemoteFile>> {
+        // Only ever replaced whole (on close), so a poisoned lock still holds a valid value.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn handle(&self) -> PyResult<ferrio::RemoteFile> {
+        self.lock().clone().ok_or_else(closed_file)
+    }
+
+    /// Validates everything and issues the read; the export travels with it.
+    fn start(
+        &self,
+        buf: &Bound<'_, PyAny>,
+        size: Option<i64>,
+        offset: i64,
+    ) -> PyResult<(Pending, String)> {
+        let file = self.handle()?;
+        let offset = u64::try_from(offset).map_err(|_| {
+            PyValueError::new_err(format!("offset must be at least 0, not {offset}"))
+        })?;
+        let target = buffer::target(buf, Direction::Read, size)?;
+        let len = match &target {
+            Target::Host(host) => host.len(),
+            Target::Device(dev) => dev.len,
+        };
+        let what = format!("read of {len} bytes at offset {offset} of {:?}", self.url);
+        let pending = match target {
+            Target::Host(host) => {
+                // SAFETY: `ptr..ptr+len` lies in the writable, C-contiguous export checked by
+                // `buffer::target`; `Pending` keeps the export alive and waits for the future
+                // before releasing it, and the future is never leaked.
+                let fut = unsafe { file.pread_raw(host.ptr(), len, offset) };
+                Pending::new(fut, Keep::View(host.into_view()))
+            }
+            Target::Device(dev) => {
+                let ptr = ferrio::cuda::DevicePtr(dev.ptr);
+                // SAFETY: `ptr..ptr+len` lies in a writable, C-contiguous GPU array checked by
+                // `buffer::target`; `Pending` holds its owner until the future is done.
+                let fut = unsafe { file.pread_device(ptr, len, offset) };
+                Pending::new(fut, Keep::Object(dev.owner))
+            }
+        };
+        Ok((pending, what))
+    }
+}
+
+/// Opens the object at `url` for reading (mode `r` only) with the settings in force and the
+/// per-object options given.
+pub(crate) fn open_remote(
+    py: Python<'_>,
+    url: &str,
+    mode: &str,
+    options: [(&str, Option<SettingText>); 2],
+) -> PyResult<RemoteFile> {
+    if !matches!(mode, "r" | "rb") {
+        return Err(PyValueError::new_err(format!(
+            "remote objects open for reading only (mode \"r\"), not {mode:?}: {url}"
+        )));
+    }
+    let mut settings = Settings::current();
+    for (name, value) in options {
+        if let Some(SettingText(text)) = value {
+            settings.set(name, &text).map_err(to_pyerr)?;
+        }
+    }
+    let file =
+        without_gil(py, || ferrio::RemoteFile::open_with(url, settings))?.map_err(to_pyerr)?;
+    Ok(RemoteFile {
+        inner: Mutex::new(Some(file)),
+        url: url.to_string(),
+    })
+}
+
+/// Opens an object in remote storage for parallel reads and returns a `RemoteFile`.
+///
+/// `url` is `s3://bucket/key`, `gs://bucket/key`, `az://container/key` (or `abfs://`) or
+/// `http(s)://host/path`. Credentials and endpoints come from the environment as each store's
+/// tools read them (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `GOOGLE_*`,
+/// `AZURE_STORAGE_*`); without credentials requests are unsigned. `range_size` (bytes per GET)
+/// and `concurrency` (GETs in flight) override `remote_range_size` and `remote_concurrency`.
+/// Raises `FileNotFoundError` or `PermissionError` naming the URL, `ValueError` for a malformed
+/// URL or a mode other than `r`.
+#[pyfunction]
+#[pyo3(signature = (url, mode="r", *, range_size=None, concurrency=None))]
+pub(crate) fn open_url(
+    py: Python<'_>,
+    url: &str,
+    mode: &str,
+    range_size: Option<SettingText>,
+    concurrency: Option<SettingText>,
+) -> PyResult<RemoteFile> {
+    open_remote(
+        py,
+        url,
+        mode,
+        [
+            ("remote_range_size", range_size),
+            ("remote_concurrency", concurrency),
+        ],
+    )
+}
+
+/// Whether `path` is a URL that `open` reads from remote storage.
+#[pyfunction]
+pub(crate) fn is_remote_url(path: &Bound<'_, PyAny>) -> bool {
+    path.extract::<&str>()
+        .is_ok_and(ferrio::remote::is_remote_url)
+}
+
+#[pymethods]
+impl RemoteFile {
+    /// Same as `ferrio.open_url(url, mode, ...)`.
+    #[new]
+    #[pyo3(signature = (url, mode="r", *, range_size=None, concurrency=None))]
+    fn new(
+        py: Python<'_>,
+        url: &str,
+        mode: &str,
+        range_size: Option<SettingText>,
+        concurrency: Option<SettingText>,
+    ) -> PyResult<RemoteFile> {
+        open_url(py, url, mode, range_size, concurrency)
+    }
+
+    /// Reads `size` bytes (default: the buffer's size) at `offset` into the start of `buf`, in
+    /// parallel ranged GETs, and returns the number read: fewer only past the object's end.
+    ///
+    /// `buf` is any writable, C-contiguous buffer, or a GPU array
+    /// (`__cuda_array_interface__` or DLPack).
+    #[pyo3(signature = (buf, size=None, offset=0))]
+    fn read(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        size: Option<i64>,
+        offset: i64,
+    ) -> PyResult<usize> {
+        self.start(buf, size, offset)?.0.wait(py)
+    }
+
+    /// Starts a read like `read()` and returns at once with an `IOFuture`.
+    #[pyo3(signature = (buf, size=None, offset=0))]
+    fn pread(&self, buf: &Bound<'_, PyAny>, size: Option<i64>, offset: i64) -> PyResult<IOFuture> {
+        let (pending, what) = self.start(buf, size, offset)?;
+        Ok(IOFuture::new(pending, what))
+    }
+
+    /// Closes the object; later calls raise `ValueError`. Reads still running finish first.
+    fn close(&self) {
+        self.lock().take();
+    }
+
+    /// Whether the object is closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    /// The URL the object was opened with.
+    #[getter]
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL, under the name `File` uses.
+    #[getter]
+    fn path(&self) -> &str {
+        &self.url
+    }
+
+    /// Always `r`.
+    #[getter]
+    fn mode(&self) -> &'static str {
+        "r"
+    }
+
+    /// The object's size in bytes, as it was at open.
+    #[getter]
+    fn size(&self) -> PyResult<u64> {
+        Ok(self.handle()?.len())
+    }
+
+    /// The object's ETag at open, if the store gave one.
+    #[getter]
+    fn etag(&self) -> PyResult<Option<String>> {
+        Ok(self.handle()?.e_tag().map(str::to_string))
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, PyTuple>) -> bool {
+        self.close();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<ferrio.RemoteFile url={:?}{}>",
+            self.url,
+            if self.closed() { " closed" } else { "" }
+        )
+    }
+}

@@ -1,0 +1,128 @@
+//! One ranged GET of an object into memory, conditional on the version fixed at open: every
+//! request carries `If-Match` (and the version id where the store has one), and the reply's
+//! ETag and range are checked too, so an object replaced mid-read is an error, never a mix of
+//! old and new bytes. A body that breaks off is asked again from where it stopped (the request
+//! itself is retried by object_store's `RetryConfig`).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, ObjectStore};
+
+use crate::error::{Error, Op, Result};
+
+use super::store;
+
+/// Times a range whose body broke off is asked again from where it stopped.
+const BODY_RETRIES: usize = 3;
+
+/// The object a read is pinned to: where it is and which version of it.
+#[derive(Debug, Clone)]
+pub(crate) struct Pinned {
+    pub store: Arc<dyn ObjectStore>,
+    pub path: Path,
+    pub url: Arc<str>,
+    pub e_tag: Option<String>,
+    pub version: Option<String>,
+}
+
+impl Pinned {
+    fn options(&self, range: Range<u64>) -> GetOptions {
+        GetOptions {
+            if_match: self.e_tag.clone(),
+            version: self.version.clone(),
+            range: Some(GetRange::Bounded(range)),
+            ..GetOptions::default()
+        }
+    }
+
+    fn read_err(&self, range: &Range<u64>, source: std::io::Error) -> Error {
+        Error::Io {
+            op: Op::Read,
+            path: self.url.as_ref().into(),
+            offset: range.start,
+            len: range.end - range.start,
+            source,
+        }
+    }
+
+    /// Fills `dst` with the object's bytes `range` (`dst.len()` is the range's length; the range
+    /// lies inside the object). `sink` is called with each piece that landed, for progress.
+    pub(crate) async fn fetch_into(
+        &self,
+        range: Range<u64>,
+        dst: &mut [u8],
+        sink: &(dyn Fn(u64) + Sync),
+    ) -> Result<()> {
+        let mut done = 0usize;
+        let mut body_failures = 0usize;
+        while done < dst.len() {
+            let want = range.start + done as u64..range.end;
+            let got = self
+                .store
+                .get_opts(&self.path, self.options(want.clone()))
+                .await
+                .map_err(|e| self.read_err(&want, store::io_error(e)))?;
+            if self.e_tag.is_some() && got.meta.e_tag.is_some() && got.meta.e_tag != self.e_tag {
+                return Err(self.read_err(
+                    &want,
+                    store::changed(&format!(
+                        "ETag {:?} at open, {:?} now",
+                        self.e_tag.as_deref().unwrap_or(""),
+                        got.meta.e_tag.as_deref().unwrap_or("")
+                    )),
+                ));
+            }
+            if got.range != want {
+                return Err(self.read_err(
+                    &want,
+                    std::io::Error::other(format!(
+                        "{}: asked for bytes {want:?}, the server sent {:?}",
+                        self.url, got.range
+                    )),
+                ));
+            }
+            let mut body = got.into_stream();
+            let mut broke = None;
+            while let Some(piece) = body.next().await {
+                match piece {
+                    Ok(bytes) => {
+                        let end = done + bytes.len();
+                        if end > dst.len() {
+                            return Err(self.read_err(
+                                &want,
+                                std::io::Error::other(
+                                    "the server sent more bytes than the range holds",
+                                ),
+                            ));
+                        }
+                        dst[done..end].copy_from_slice(&bytes);
+                        done = end;
+                        sink(bytes.len() as u64);
+                    }
+                    Err(e) => {
+                        broke = Some(e);
+                        break;
+                    }
+                }
+            }
+            if done < dst.len() {
+                // The body broke off (or ended early): ask again for what is missing.
+                body_failures += 1;
+                if body_failures > BODY_RETRIES {
+                    let source = match broke {
+                        Some(e) => store::io_error(e),
+                        None => std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "the body ended early",
+                        ),
+                    };
+                    return Err(self.read_err(&want, source));
+                }
+            }
+        }
+        Ok(())
+    }
+}

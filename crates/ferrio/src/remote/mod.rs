@@ -1,0 +1,390 @@
+//! Objects in remote storage (S3, Google Cloud Storage, Azure Blob, plain HTTP(S)) read in
+//! parallel into host or GPU memory: [`RemoteFile`].
+//!
+//! A remote object is another *source* for the same destinations as a [`crate::File`]: a read
+//! is planned into range tasks like a local read (`plan::split`, with
+//! [`Settings::remote_range_size`]), the tasks run as ranged GETs on one tokio runtime inside
+//! the library (`runtime.rs`), at most [`Settings::remote_concurrency`] at once per object, and
+//! each lands directly in its slice of the caller's memory; the same [`IoFuture`] reports the
+//! outcome. GPU memory is filled through the existing bounce ring, fed by ranged GETs instead of
+//! `pread`, so no new GPU path exists. The object's size and version (ETag, version id) are
+//! fixed at open and every range is conditional on them (`fetch.rs`).
+//!
+//! This module touches no file descriptor and no worker pool; `store.rs` is the only file that
+//! knows store kinds and their configuration.
+
+mod fetch;
+mod runtime;
+mod store;
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use object_store::ObjectStore;
+use tokio::sync::Semaphore;
+
+use crate::bounce;
+use crate::buffer::IoBufMut;
+use crate::config::Settings;
+use crate::cuda::{self, DevicePtr, Memory};
+use crate::error::{Error, Result};
+use crate::plan::{self, Task};
+use crate::pool::{Completion, IoFuture};
+
+pub use store::is_remote_url;
+
+/// An object in remote storage, open for reading.
+///
+/// Open with [`RemoteFile::open`] from a URL: `s3://bucket/key`, `gs://bucket/key`,
+/// `az://container/key` (or `abfs://`), `http(s)://host/path`. Credentials and endpoints come
+/// from the environment as each store's own tools read them (`AWS_ACCESS_KEY_ID`,
+/// `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`,
+/// ...); without credentials the requests are unsigned (public objects).
+///
+/// The size and version are read once, at open: a read of an object replaced since fails with
+/// an error naming the URL, and never returns a mix of versions. Reads past the end are short,
+/// as with `pread`. Cheap to clone (clones share the store connection and the concurrency cap).
+///
+/// The blocking calls ([`RemoteFile::read_at`], [`IoFuture::wait`]) must not be made from
+/// inside an async task of another tokio runtime's worker thread.
+#[derive(Clone)]
+pub struct RemoteFile {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: Arc<str>,
+    location: store::Location,
+    len: u64,
+    e_tag: Option<String>,
+    version: Option<String>,
+    settings: Settings,
+    /// The store and the process that built it: a forked child builds its own, since the
+    /// parent's connections belong to the parent's runtime.
+    store: Mutex<(u32, Arc<dyn ObjectStore>)>,
+    /// Ranges in flight for this object, across all its reads.
+    in_flight: Arc<Semaphore>,
+}
+
+impl fmt::Debug for RemoteFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteFile")
+            .field("url", &self.inner.url)
+            .field("len", &self.inner.len)
+            .field("e_tag", &self.inner.e_tag)
+            .field("version", &self.inner.version)
+            .finish()
+    }
+}
+
+impl RemoteFile {
+    /// Opens the object at `url` with the settings in force ([`Settings::current`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a malformed or unsupported URL; [`Error::Open`] when the
+    /// object cannot be found (kind `NotFound`), may not be read (`PermissionDenied`) or the
+    /// store cannot be reached.
+    pub fn open(url: &str) -> Result<RemoteFile> {
+        RemoteFile::open_with(url, Settings::current())
+    }
+
+    /// Opens the object at `url` with `settings` (see [`RemoteFile::open`]).
+    ///
+    /// # Errors
+    /// As for [`RemoteFile::open`].
+    pub fn open_with(url: &str, settings: Settings) -> Result<RemoteFile> {
+        let location = store::parse(url)?;
+        let store = store::build(&location)?;
+        let handle = runtime::handle()?;
+        let open_err = |source| Error::Open {
+            path: url.into(),
+            mode: "r".into(),
+            source,
+        };
+        let meta = handle
+            .block_on(store.head(&location.path))
+            .map_err(|e| open_err(store::io_error(e)))?;
+        let in_flight = Arc::new(Semaphore::new(settings.remote_concurrency.max(1)));
+        Ok(RemoteFile {
+            inner: Arc::new(Inner {
+                url: url.into(),
+                location,
+                len: meta.size,
+                e_tag: meta.e_tag,
+                version: meta.version,
+                settings,
+                store: Mutex::new((crate::sys::process_id(), store)),
+                in_flight,
+            }),
+        })
+    }
+
+    /// The URL the object was opened with.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    /// The object's size in bytes, as it was at open.
+    pub fn len(&self) -> u64 {
+        self.inner.len
+    }
+
+    /// Whether the object was empty at open.
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// The object's ETag at open, if the store gave one; every read is conditional on it.
+    pub fn e_tag(&self) -> Option<&str> {
+        self.inner.e_tag.as_deref()
+    }
+
+    /// The object's version id at open, if the store keeps versions.
+    pub fn version(&self) -> Option<&str> {
+        self.inner.version.as_deref()
+    }
+
+    /// The store for this process: the one built at open, or a new one in a forked child.
+    fn pinned(&self) -> Result<fetch::Pinned> {
+        let pid = crate::sys::process_id();
+        // Only ever replaced whole, so a poisoned lock still holds a valid value.
+        let mut slot = self.inner.store.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.0 != pid {
+            *slot = (pid, store::build(&self.inner.location)?);
+        }
+        Ok(fetch::Pinned {
+            store: slot.1.clone(),
+            path: self.inner.location.path.clone(),
+            url: self.inner.url.clone(),
+            e_tag: self.inner.e_tag.clone(),
+            version: self.inner.version.clone(),
+        })
+    }
+
+    /// Bytes of `[offset, offset+len)` that lie inside the object.
+    fn available(&self, offset: u64, len: usize) -> usize {
+        self.inner.len.saturating_sub(offset).min(len as u64) as usize
+    }
+
+    /// Reads `buf.io_len()` bytes at `offset` into `buf` with parallel ranged GETs; the future
+    /// owns the buffer until it is done ([`IoFuture::into_buffer`] gives it back).
+    pub fn pread<B: IoBufMut>(&self, mut buf: B, offset: u64) -> IoFuture<B> {
+        let (ptr, len) = (buf.io_ptr_mut(), buf.io_len());
+        // SAFETY: `IoBufMut` keeps `ptr..ptr+len` valid and in place while `buf` lives, and the
+        // future owns `buf` until every range has landed.
+        match unsafe { self.start_read(ptr, len, offset) } {
+            Ok(c) => IoFuture::new(c, buf),
+            Err(e) => IoFuture::failed(e, buf),
+        }
+    }
+
+    /// Reads `len` bytes at `offset` into memory at `ptr` with parallel ranged GETs.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for writes of `len` bytes, and nothing else may access that memory,
+    /// until the returned future has been waited on or dropped. The future must not be leaked.
+    pub unsafe fn pread_raw(&self, ptr: *mut u8, len: usize, offset: u64) -> IoFuture {
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { self.start_read(ptr, len, offset) } {
+            Ok(c) => IoFuture::new(c, ()),
+            Err(e) => IoFuture::failed(e, ()),
+        }
+    }
+
+    /// Reads into `buf` at `offset` with parallel ranged GETs and waits. Returns the bytes read:
+    /// fewer than `buf.len()` only past the object's end.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the URL: the object changed since open, the store failed after its
+    /// retries, or a body broke off too often.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        // SAFETY: `buf` is exclusively borrowed for this call and the future is waited on
+        // (or dropped, which waits) before the borrow ends.
+        unsafe { self.pread_raw(buf.as_mut_ptr(), buf.len(), offset) }.wait()
+    }
+
+    /// Reads the whole object into a new vector.
+    ///
+    /// # Errors
+    /// As for [`RemoteFile::read_at`].
+    pub fn read_all(&self) -> Result<Vec<u8>> {
+        let len = usize::try_from(self.inner.len)
+            .map_err(|_| Error::InvalidArgument(format!("{} is too large", self.inner.url)))?;
+        let mut buf = vec![0u8; len];
+        let n = self.read_at(&mut buf, 0)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// Plans the range tasks of a host read and spawns them on the runtime.
+    ///
+    /// # Safety
+    /// As [`RemoteFile::pread_raw`].
+    unsafe fn start_read(&self, ptr: *mut u8, len: usize, offset: u64) -> Result<Arc<Completion>> {
+        offset
+            .checked_add(len as u64)
+            .ok_or_else(|| Error::InvalidArgument("range wraps around".into()))?;
+        let tasks = plan::split(offset, len, self.inner.settings.remote_range_size, 1);
+        let completion = Completion::new(offset, len, tasks.len());
+        if tasks.is_empty() {
+            return Ok(completion);
+        }
+        let pinned = self.pinned()?;
+        let handle = runtime::handle()?;
+        let end = self.inner.len;
+        for task in tasks {
+            let dst = SendPtr(ptr.wrapping_add(task.buf_offset));
+            let pinned = pinned.clone();
+            let completion = completion.clone();
+            let in_flight = self.inner.in_flight.clone();
+            handle.spawn(async move {
+                let _permit = in_flight.acquire_owned().await;
+                if completion.is_cancelled() {
+                    completion.finish_task(&task, None);
+                    return;
+                }
+                let n = end.saturating_sub(task.offset).min(task.len as u64) as usize;
+                // SAFETY: `dst..dst+task.len` is this task's own slice of the caller's memory
+                // (the tasks do not overlap), valid and unaliased until the future resolves,
+                // which happens only after this task reports below.
+                let slice = unsafe { std::slice::from_raw_parts_mut(dst.get(), n) };
+                let outcome = pinned
+                    .fetch_into(task.offset..task.offset + n as u64, slice, &|b| {
+                        completion.add_progress(b)
+                    })
+                    .await
+                    .map(|()| n);
+                completion.finish_task(&task, Some(outcome));
+            });
+        }
+        Ok(completion)
+    }
+
+    /// Reads `len` bytes at `offset` into GPU memory at `dst`: ranged GETs (up to
+    /// [`Settings::remote_concurrency`] ahead) fill the pinned bounce ring, whose copies to the
+    /// device overlap the next GETs. Fails with [`Error::CudaUnavailable`] without a driver and
+    /// [`Error::InvalidArgument`] when `dst` is not device memory.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must be device (or managed) memory that stays allocated, and that nothing
+    /// else writes, until the returned future has been waited on or dropped. The future must not
+    /// be leaked.
+    pub unsafe fn pread_device(&self, dst: DevicePtr, len: usize, offset: u64) -> IoFuture {
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { self.start_device(dst, len, offset) } {
+            Ok(c) => IoFuture::new(c, ()),
+            Err(e) => IoFuture::failed(e, ()),
+        }
+    }
+
+    /// # Safety
+    /// As [`RemoteFile::pread_device`].
+    unsafe fn start_device(
+        &self,
+        dst: DevicePtr,
+        len: usize,
+        offset: u64,
+    ) -> Result<Arc<Completion>> {
+        let n = self.available(offset, len);
+        if n == 0 {
+            return Ok(Completion::new(offset, 0, 0));
+        }
+        cuda::available()?;
+        let context = match cuda::try_classify(dst.0 as usize)? {
+            Memory::Device { context, .. } => context,
+            Memory::Host => {
+                return Err(Error::InvalidArgument(format!(
+                    "address {:#x} is not GPU memory (use the host-memory calls for it)",
+                    dst.0
+                )))
+            }
+        };
+        if dst.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument("device range wraps around".into()));
+        }
+        let pinned = self.pinned()?;
+        let handle = runtime::handle()?;
+        let settings = self.inner.settings.clone();
+        // One task for the whole transfer: the ring fills its buffers in order, and the GETs
+        // ahead of it supply the parallelism.
+        let task = Task {
+            offset,
+            len,
+            buf_offset: 0,
+        };
+        let completion = Completion::new(offset, len, 1);
+        let ranges = plan::split(offset, n, settings.remote_range_size, 1);
+        let ahead = settings.remote_concurrency.max(1);
+        // The GETs in flight are the read-ahead; the channel only hands finished ranges over,
+        // so host memory stays near `ahead` ranges.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>>>(2);
+        let producer = {
+            let pinned = pinned.clone();
+            async move {
+                let mut gets = futures::stream::iter(ranges)
+                    .map(|r| {
+                        let pinned = pinned.clone();
+                        async move {
+                            let mut piece = vec![0u8; r.len];
+                            pinned
+                                .fetch_into(r.offset..r.offset + r.len as u64, &mut piece, &|_| {})
+                                .await
+                                .map(|()| piece)
+                        }
+                    })
+                    .buffered(ahead);
+                while let Some(piece) = gets.next().await {
+                    let failed = piece.is_err();
+                    if tx.send(piece).await.is_err() || failed {
+                        return;
+                    }
+                }
+            }
+        };
+        handle.spawn(producer);
+        let done = completion.clone();
+        handle.spawn_blocking(move || {
+            // The range being copied out, and how much of it has been.
+            let mut current: Vec<u8> = Vec::new();
+            let mut used = 0usize;
+            let mut fill = |buf: &mut [u8], _off: u64| -> Result<usize> {
+                let mut filled = 0;
+                while filled < buf.len() {
+                    if used == current.len() {
+                        match rx.blocking_recv() {
+                            Some(Ok(next)) => (current, used) = (next, 0),
+                            Some(Err(e)) => return Err(e),
+                            None => break,
+                        }
+                    }
+                    let take = (current.len() - used).min(buf.len() - filled);
+                    buf[filled..filled + take].copy_from_slice(&current[used..used + take]);
+                    used += take;
+                    filled += take;
+                }
+                Ok(filled)
+            };
+            let started =
+                bounce::start_read_to_device(context, dst, n, offset, &settings, &mut fill);
+            let finished = bounce::finish_thread_ring(context);
+            let outcome = started.and_then(|got| finished.map(|()| got));
+            done.finish_task(&task, Some(outcome));
+        });
+        Ok(completion)
+    }
+}
+
+/// A pointer into the caller's memory, sent to the runtime task that fills its slice.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+
+impl SendPtr {
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
+// SAFETY: each pointer addresses a slice that exactly one task writes, and the caller keeps the
+// memory valid and unaliased until the request's future resolves (`pread_raw`'s contract).
+unsafe impl Send for SendPtr {}

@@ -1,0 +1,54 @@
+//! The one tokio runtime that drives every remote store of a process (object_store is async;
+//! ferrio's API is blocking or future-based, so the runtime stays inside the library).
+//!
+//! Created on first use and per process: a child forked after the parent built one finds the
+//! parent's entry (its threads do not exist in the child), leaves it alone and builds its own.
+//! This file owns nothing else: stores, ranges and buffers are the other files' concern.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::runtime::{Builder, Handle, Runtime};
+
+use crate::error::{Error, Result};
+
+/// The runtime of the process that built it.
+static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
+
+/// Most threads the runtime gets: they wait on sockets and copy bodies into buffers; a few keep
+/// up with a fast network, and more would take cores from the caller.
+const MAX_THREADS: usize = 8;
+
+/// A handle to this process's runtime, built on first use.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if the runtime's threads cannot be started.
+pub(crate) fn handle() -> Result<Handle> {
+    let pid = crate::sys::process_id();
+    // Only ever replaced whole, so a poisoned lock still holds a valid value.
+    let mut slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((owner, rt)) = slot.as_ref() {
+        if *owner == pid {
+            return Ok(rt.handle().clone());
+        }
+    }
+    if let Some((_, inherited)) = slot.take() {
+        // The parent's runtime: dropping it would join threads this process does not have.
+        std::mem::forget(inherited);
+    }
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(2, MAX_THREADS);
+    let rt = Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("ferrio-remote")
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            Error::InvalidArgument(format!("cannot start the remote-storage runtime: {e}"))
+        })?;
+    let rt = Arc::new(rt);
+    let handle = rt.handle().clone();
+    *slot = Some((pid, rt));
+    Ok(handle)
+}

@@ -1,0 +1,289 @@
+//! Which store a URL names, and the store itself: `object_store`'s own URL parsing
+//! ([`ObjectStoreScheme::parse`]) and builders, configured from the environment the way each
+//! store's users expect (`AWS_*`, `GOOGLE_*`, `AZURE_*`), with bounded retries and timeouts.
+//! Also the one place that turns `object_store` errors into [`io::Error`]s of the right kind.
+//!
+//! No bytes move here; ranges are `fetch.rs`'s concern.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::http::HttpBuilder;
+use object_store::path::Path;
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreScheme, RetryConfig};
+use url::Url;
+
+use crate::error::{Error, Result};
+
+/// A parsed remote URL: the store kind and the object's path inside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Location {
+    /// The URL as parsed.
+    pub url: Url,
+    /// Which store serves it.
+    pub scheme: ObjectStoreScheme,
+    /// The object's key in its store.
+    pub path: Path,
+}
+
+/// Whether `s` looks like a URL ferrio reads remotely (`s3://`, `gs://`, `az://`, `abfs://`,
+/// `http://`, `https://`, ...), as opposed to a local path.
+pub fn is_remote_url(s: &str) -> bool {
+    const SCHEMES: &[&str] = &[
+        "s3://", "s3a://", "gs://", "az://", "adl://", "azure://", "abfs://", "abfss://",
+        "http://", "https://",
+    ];
+    let lower = s.trim_start().to_ascii_lowercase();
+    SCHEMES.iter().any(|p| lower.starts_with(p))
+}
+
+/// Parses `url` into a store kind and a path; a malformed or unsupported URL is
+/// [`Error::InvalidArgument`] naming it.
+pub(crate) fn parse(url: &str) -> Result<Location> {
+    let bad = |why: String| Error::InvalidArgument(format!("bad object URL {url:?}: {why}"));
+    let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
+    let (scheme, path) = ObjectStoreScheme::parse(&parsed).map_err(|e| bad(e.to_string()))?;
+    match scheme {
+        ObjectStoreScheme::AmazonS3
+        | ObjectStoreScheme::GoogleCloudStorage
+        | ObjectStoreScheme::MicrosoftAzure
+        | ObjectStoreScheme::Http => {}
+        other => {
+            return Err(bad(format!(
+                "{other:?} is not a remote store (open local files by path)"
+            )))
+        }
+    }
+    // `az://container/key`: object_store's scheme parser takes the first segment of the path
+    // for a container too (as in `https://account.blob.core.windows.net/container/key`), while
+    // its Azure builder takes the host for the container; the key is the whole path.
+    let path = if parsed.scheme() == "az" {
+        Path::from_url_path(parsed.path()).map_err(|e| bad(e.to_string()))?
+    } else {
+        path
+    };
+    if path.as_ref().is_empty() {
+        return Err(bad("no object key".into()));
+    }
+    Ok(Location {
+        url: parsed,
+        scheme,
+        path,
+    })
+}
+
+/// Retries of one request: object_store backs off with jitter on 429, 5xx and dropped
+/// connections; the count and the total time are bounded so that a dead endpoint fails.
+fn retry_config() -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            base: 2.0,
+        },
+        max_retries: 5,
+        retry_timeout: Duration::from_secs(60),
+    }
+}
+
+/// Timeouts of one request: connecting must be quick; a whole ranged GET gets longer, since its
+/// body may be large on a slow link.
+fn client_options(allow_http: bool) -> ClientOptions {
+    ClientOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(120))
+        .with_allow_http(allow_http)
+}
+
+/// The process environment's variables that start with `prefix`, as lowercase config keys.
+fn env_options(prefix: &str) -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| k.starts_with(prefix))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .collect()
+}
+
+/// Whether any of `keys` (lowercase) is among `options`.
+fn has_any(options: &[(String, String)], keys: &[&str]) -> bool {
+    options.iter().any(|(k, _)| keys.contains(&k.as_str()))
+}
+
+/// Builds the store for `loc` from the environment. Without credentials in the environment the
+/// requests go unsigned (public buckets); a user of instance credentials (EC2, GCE, managed
+/// identity) turns signing on with `AWS_SKIP_SIGNATURE=false` (or the GOOGLE_/AZURE_ twin).
+pub(crate) fn build(loc: &Location) -> Result<Arc<dyn ObjectStore>> {
+    let url = loc.url.as_str();
+    let bad = |e: object_store::Error| {
+        Error::InvalidArgument(format!("cannot use object URL {url:?}: {e}"))
+    };
+    let store: Arc<dyn ObjectStore> = match loc.scheme {
+        ObjectStoreScheme::AmazonS3 => {
+            let mut opts = env_options("AWS_");
+            let signed = [
+                "aws_access_key_id",
+                "aws_web_identity_token_file",
+                "aws_container_credentials_relative_uri",
+                "aws_container_credentials_full_uri",
+                "aws_skip_signature",
+            ];
+            if !has_any(&opts, &signed) {
+                opts.push(("aws_skip_signature".into(), "true".into()));
+            }
+            let builder = AmazonS3Builder::new()
+                .with_client_options(client_options(false))
+                .with_retry(retry_config());
+            let builder = opts.into_iter().fold(builder, |b, (k, v)| match k.parse() {
+                Ok(key) => b.with_config(key, v),
+                Err(_) => b,
+            });
+            Arc::new(builder.with_url(url).build().map_err(bad)?)
+        }
+        ObjectStoreScheme::GoogleCloudStorage => {
+            let mut opts = env_options("GOOGLE_");
+            let signed = [
+                "google_service_account",
+                "google_service_account_path",
+                "google_service_account_key",
+                "google_application_credentials",
+                "google_skip_signature",
+            ];
+            let adc = std::env::var_os("HOME").is_some_and(|h| {
+                std::path::Path::new(&h)
+                    .join(".config/gcloud/application_default_credentials.json")
+                    .exists()
+            });
+            if !adc && !has_any(&opts, &signed) {
+                opts.push(("google_skip_signature".into(), "true".into()));
+            }
+            let builder = GoogleCloudStorageBuilder::new()
+                .with_client_options(client_options(false))
+                .with_retry(retry_config());
+            let builder = opts.into_iter().fold(builder, |b, (k, v)| match k.parse() {
+                Ok(key) => b.with_config(key, v),
+                Err(_) => b,
+            });
+            Arc::new(builder.with_url(url).build().map_err(bad)?)
+        }
+        ObjectStoreScheme::MicrosoftAzure => {
+            let mut opts = env_options("AZURE_");
+            let signed = [
+                "azure_storage_account_key",
+                "azure_storage_access_key",
+                "azure_storage_sas_key",
+                "azure_storage_sas_token",
+                "azure_storage_token",
+                "azure_client_id",
+                "azure_storage_client_id",
+                "azure_federated_token_file",
+                "azure_use_azure_cli",
+                "azure_storage_use_emulator",
+                "azure_skip_signature",
+            ];
+            if !has_any(&opts, &signed) {
+                opts.push(("azure_skip_signature".into(), "true".into()));
+            }
+            let builder = MicrosoftAzureBuilder::new()
+                .with_client_options(client_options(false))
+                .with_retry(retry_config());
+            let builder = opts.into_iter().fold(builder, |b, (k, v)| match k.parse() {
+                Ok(key) => b.with_config(key, v),
+                Err(_) => b,
+            });
+            Arc::new(builder.with_url(url).build().map_err(bad)?)
+        }
+        _ => {
+            // The store is the server; the object's path is relative to it.
+            let base = &loc.url[..url::Position::BeforePath];
+            let builder = HttpBuilder::new()
+                .with_client_options(client_options(loc.url.scheme() == "http"))
+                .with_retry(retry_config())
+                .with_url(base);
+            Arc::new(builder.build().map_err(bad)?)
+        }
+    };
+    Ok(store)
+}
+
+/// The [`io::Error`] for a failed store call, of the kind a local file's error would have (not
+/// found, permission denied), so that callers and Python map it the same way. The message leaves
+/// the URL out: the [`Error`] that carries this one names it.
+pub(crate) fn io_error(e: object_store::Error) -> io::Error {
+    use object_store::Error as E;
+    match e {
+        E::NotFound { .. } => io::Error::new(io::ErrorKind::NotFound, "no such object"),
+        E::PermissionDenied { source, .. } | E::Unauthenticated { source, .. } => io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("access denied: {source}"),
+        ),
+        E::Precondition { .. } | E::NotModified { .. } => changed("the store refused the read"),
+        other => io::Error::other(other.to_string()),
+    }
+}
+
+/// The error for an object that is no longer the one opened.
+pub(crate) fn changed(why: &str) -> io::Error {
+    io::Error::other(format!(
+        "the object changed since it was opened ({why}); reopen it to read the new version"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_each_store_kind() {
+        for (url, scheme, key) in [
+            (
+                "s3://bucket/a/b.bin",
+                ObjectStoreScheme::AmazonS3,
+                "a/b.bin",
+            ),
+            ("gs://bucket/x", ObjectStoreScheme::GoogleCloudStorage, "x"),
+            (
+                "az://container/x/y",
+                ObjectStoreScheme::MicrosoftAzure,
+                "x/y",
+            ),
+            (
+                "abfs://fs@account.dfs.core.windows.net/x",
+                ObjectStoreScheme::MicrosoftAzure,
+                "x",
+            ),
+            (
+                "http://127.0.0.1:8080/d/f.bin",
+                ObjectStoreScheme::Http,
+                "d/f.bin",
+            ),
+            ("https://example.com/f", ObjectStoreScheme::Http, "f"),
+        ] {
+            let loc = parse(url).unwrap();
+            assert_eq!(loc.scheme, scheme, "{url}");
+            assert_eq!(loc.path.as_ref(), key, "{url}");
+            assert!(is_remote_url(url));
+        }
+    }
+
+    #[test]
+    fn refuses_malformed_and_local_urls() {
+        for url in [
+            "s3:/bucket",
+            "not a url",
+            "file:///tmp/x",
+            "memory:///x",
+            "s3://bucket",
+        ] {
+            match parse(url) {
+                Err(Error::InvalidArgument(msg)) => assert!(msg.contains(url), "{msg}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        assert!(!is_remote_url("/tmp/x"));
+        assert!(!is_remote_url("relative/s3://x"));
+    }
+}

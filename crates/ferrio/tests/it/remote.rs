@@ -1,0 +1,213 @@
+//! `RemoteFile` against a tiny HTTP server on 127.0.0.1 (std only, one thread per connection,
+//! `Connection: close`): ranged reads byte for byte, reads past the end, a missing object, a
+//! malformed URL, a server that ignores `Range`, and an object replaced between requests.
+//! Python's tests (`python/tests/test_remote.py`) cover S3 through moto, retries and dropped
+//! connections.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ferrio::{Error, RemoteFile, Settings};
+
+/// What the server serves and how it misbehaves.
+struct Object {
+    body: Mutex<(Vec<u8>, String)>,
+    ignore_range: AtomicBool,
+    /// After this many GETs the object is replaced (usize::MAX: never).
+    replace_after: AtomicUsize,
+    gets: AtomicUsize,
+}
+
+struct Server {
+    url: String,
+    object: Arc<Object>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn data(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+fn serve(body: Vec<u8>) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let object = Arc::new(Object {
+        body: Mutex::new((body, "\"v1\"".into())),
+        ignore_range: AtomicBool::new(false),
+        replace_after: AtomicUsize::new(usize::MAX),
+        gets: AtomicUsize::new(0),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let (object, stop) = (object.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let object = object.clone();
+                        std::thread::spawn(move || {
+                            let _ = answer(conn, &object);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        })
+    };
+    Server {
+        url: format!("http://127.0.0.1:{port}/d/object.bin"),
+        object,
+        stop,
+        thread: Some(thread),
+    }
+}
+
+/// Answers one request on `conn`, then closes it.
+fn answer(conn: TcpStream, object: &Object) -> std::io::Result<()> {
+    conn.set_nonblocking(false)?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut first = String::new();
+    reader.read_line(&mut first)?;
+    let (mut range, mut if_match) = (None, None);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 || line == "\r\n" {
+            break;
+        }
+        let lower = line.to_ascii_lowercase();
+        if let Some(v) = lower.strip_prefix("range: bytes=") {
+            let (a, b) = v.trim().split_once('-').unwrap();
+            range = Some((a.parse::<usize>().unwrap(), b.parse::<usize>().unwrap()));
+        }
+        if lower.starts_with("if-match:") {
+            if_match = Some(line["if-match:".len()..].trim().to_string());
+        }
+    }
+    let mut parts = first.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let mut conn = conn;
+    let head = |status: &str, len: usize, etag: &str, extra: &str| {
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Length: {len}\r\nETag: {etag}\r\n\
+             Last-Modified: Mon, 23 Nov 2026 10:00:00 GMT\r\nConnection: close\r\n{extra}\r\n"
+        )
+    };
+    if path != "/d/object.bin" {
+        return conn.write_all(head("404 Not Found", 0, "\"x\"", "").as_bytes());
+    }
+    if method == "GET" {
+        let n = object.gets.fetch_add(1, Ordering::Relaxed) + 1;
+        if n > object.replace_after.load(Ordering::Relaxed) {
+            let mut b = object.body.lock().unwrap();
+            b.0[0] ^= 0xff;
+            b.1 = "\"v2\"".into();
+        }
+    }
+    let (body, etag) = object.body.lock().unwrap().clone();
+    if method == "HEAD" {
+        return conn.write_all(head("200 OK", body.len(), &etag, "").as_bytes());
+    }
+    if if_match.is_some_and(|m| m != etag) {
+        return conn.write_all(head("412 Precondition Failed", 0, &etag, "").as_bytes());
+    }
+    match range {
+        Some((a, b)) if !object.ignore_range.load(Ordering::Relaxed) => {
+            let b = b.min(body.len() - 1);
+            let extra = format!("Content-Range: bytes {a}-{b}/{}\r\n", body.len());
+            conn.write_all(head("206 Partial Content", b + 1 - a, &etag, &extra).as_bytes())?;
+            conn.write_all(&body[a..=b])
+        }
+        _ => {
+            conn.write_all(head("200 OK", body.len(), &etag, "").as_bytes())?;
+            conn.write_all(&body)
+        }
+    }
+}
+
+fn small_ranges() -> Settings {
+    let mut s = Settings::default();
+    s.set("remote_range_size", "64KiB").unwrap();
+    s.set("remote_concurrency", "4").unwrap();
+    s
+}
+
+#[test]
+fn ranged_reads_are_byte_identical() {
+    let body = data((1 << 20) + 123);
+    let server = serve(body.clone());
+    let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+    assert_eq!(f.len(), body.len() as u64);
+    assert_eq!(f.e_tag(), Some("\"v1\""));
+    assert_eq!(f.read_all().unwrap(), body);
+    for (offset, len) in [(0usize, 1usize), (65535, 65538), (body.len() - 5, 5)] {
+        let mut buf = vec![0u8; len];
+        assert_eq!(f.read_at(&mut buf, offset as u64).unwrap(), len);
+        assert_eq!(buf, &body[offset..offset + len]);
+    }
+    // Past the end: short, like pread.
+    let mut buf = vec![0u8; 1000];
+    assert_eq!(f.read_at(&mut buf, body.len() as u64 - 10).unwrap(), 10);
+    assert_eq!(&buf[..10], &body[body.len() - 10..]);
+    assert_eq!(f.read_at(&mut buf, body.len() as u64 + 1).unwrap(), 0);
+    let (n, buf) = f.pread(vec![0u8; 4096], 100).into_buffer();
+    assert_eq!(n.unwrap(), 4096);
+    assert_eq!(buf, &body[100..4196]);
+}
+
+#[test]
+fn a_replaced_object_is_an_error_naming_the_url() {
+    let server = serve(data(1 << 20));
+    let mut s = small_ranges();
+    s.set("remote_concurrency", "1").unwrap();
+    let f = RemoteFile::open_with(&server.url, s).unwrap();
+    server.object.replace_after.store(3, Ordering::Relaxed);
+    let err = f.read_all().unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("changed since it was opened"), "{text}");
+    assert!(text.contains(&server.url), "{text}");
+}
+
+#[test]
+fn a_server_that_ignores_range_is_an_error() {
+    let server = serve(data(300_000));
+    server.object.ignore_range.store(true, Ordering::Relaxed);
+    let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+    let err = f.read_all().unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err:?}");
+    assert!(err.to_string().contains(&server.url), "{err}");
+}
+
+#[test]
+fn missing_objects_and_malformed_urls() {
+    let server = serve(data(10));
+    let missing = server.url.replace("object.bin", "missing.bin");
+    match RemoteFile::open(&missing) {
+        Err(Error::Open { path, source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            assert_eq!(path.to_str(), Some(missing.as_str()));
+        }
+        other => panic!("{other:?}"),
+    }
+    for bad in ["s3://", "ftp://host/x", "file:///etc/hostname"] {
+        assert!(
+            matches!(RemoteFile::open(bad), Err(Error::InvalidArgument(_))),
+            "{bad}"
+        );
+    }
+}

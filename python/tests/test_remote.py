@@ -1,0 +1,399 @@
+"""Remote objects: ferrio.open(url) against servers on 127.0.0.1 started by the tests.
+
+moto's S3 server (skipped without moto) for the S3 store, credentials and version checks; a
+small HTTP server of our own for the failure modes a real network has: a server that ignores
+Range, answers 503 before it succeeds, drops the connection mid-body, or replaces the object
+between requests. Every case ends in the right bytes or a clear error, within a time bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import ferrio
+
+# Every remote call here must end well before this; pytest itself has no timeout plugin here.
+BOUND_S = 60.0
+
+
+def _data(n: int, seed: int) -> bytes:
+    out = bytearray()
+    block = hashlib.sha256(str(seed).encode()).digest()
+    while len(out) < n:
+        block = hashlib.sha256(block).digest()
+        out += block * 64
+    return bytes(out[:n])
+
+
+def _read_all(f: Any) -> bytes:
+    buf = bytearray(f.size)
+    n = f.read(buf)
+    assert n == f.size
+    return bytes(buf)
+
+
+def _in_thread(fn: Any) -> Any:
+    """Runs `fn` in a thread and fails the test if it does not return within BOUND_S."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(BOUND_S)
+    assert not t.is_alive(), "remote read did not finish in time"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+# ---------------------------------------------------------------------------------------------
+# A misbehaving HTTP server
+# ---------------------------------------------------------------------------------------------
+
+
+class _Object:
+    """The object the HTTP server serves, and how the server misbehaves."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.etag = '"v1"'
+        self.ignore_range = False
+        self.fail_503 = 0  # this many GETs answer 503 first
+        self.drop_after = 0  # if >0: the next GET sends this many body bytes, then hangs up
+        self.replace_after_gets = -1  # after this many GETs, the object changes
+        self.gets = 0
+        self.lock = threading.Lock()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    obj: _Object
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _headers(self, status: int, length: int, extra: dict[str, str]) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(length))
+        self.send_header("ETag", self.obj.etag)
+        self.send_header("Last-Modified", "Mon, 23 Nov 2026 10:00:00 GMT")
+        self.send_header("Accept-Ranges", "bytes")
+        for k, v in extra.items():
+            self.send_header(k, v)
+        self.end_headers()
+
+    def _missing(self) -> bool:
+        if self.path == "/data/object.bin":
+            return False
+        self._headers(404, 0, {})
+        return True
+
+    def do_HEAD(self) -> None:
+        if self._missing():
+            return
+        with self.obj.lock:
+            self._headers(200, len(self.obj.body), {})
+
+    def do_GET(self) -> None:
+        if self._missing():
+            return
+        obj = self.obj
+        with obj.lock:
+            obj.gets += 1
+            if obj.replace_after_gets >= 0 and obj.gets > obj.replace_after_gets:
+                obj.body = bytes(b ^ 0xFF for b in obj.body[:16]) + obj.body[16:]
+                obj.etag = '"v2"'
+                obj.replace_after_gets = -1
+            if obj.fail_503 > 0:
+                obj.fail_503 -= 1
+                self._headers(503, 0, {"Retry-After": "0"})
+                return
+            body, etag = obj.body, obj.etag
+            drop, obj.drop_after = obj.drop_after, 0
+        want = self.headers.get("If-Match")
+        if want is not None and want != etag:
+            self._headers(412, 0, {})
+            return
+        rng = self.headers.get("Range")
+        if rng and not obj.ignore_range and rng.startswith("bytes="):
+            a, _, b = rng[len("bytes=") :].partition("-")
+            start, end = int(a), min(int(b) + 1 if b else len(body), len(body))
+            part = body[start:end]
+            self._headers(206, len(part), {"Content-Range": f"bytes {start}-{end - 1}/{len(body)}"})
+        else:
+            part = body
+            self._headers(200, len(part), {})
+        if drop:
+            self.wfile.write(part[:drop])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(part)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # the dropped-connection case resets sockets on purpose
+
+
+@pytest.fixture
+def http_object() -> Iterator[tuple[str, _Object]]:
+    obj = _Object(_data((5 << 20) + 12345, seed=1))
+    handler = type("H", (_Handler,), {"obj": obj})
+    server = _Server(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/data/object.bin", obj
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_http_ranges_are_byte_identical(http_object: tuple[str, _Object]) -> None:
+    url, obj = http_object
+    with ferrio.open(url, task_size="1MiB") as f:
+        assert isinstance(f, ferrio.RemoteFile)
+        assert f.size == len(obj.body)
+        assert _in_thread(lambda: _read_all(f)) == obj.body
+        for offset, size in [(0, 1), (12345, 3 << 20), (len(obj.body) - 7, 7)]:
+            buf = bytearray(size)
+            assert f.read(buf, offset=offset) == size
+            assert bytes(buf) == obj.body[offset : offset + size]
+        # Past the end: short, like pread.
+        buf = bytearray(100)
+        assert f.read(buf, offset=len(obj.body) - 40) == 40
+        assert bytes(buf[:40]) == obj.body[-40:]
+        assert f.read(buf, offset=len(obj.body) + 10) == 0
+        fut = f.pread(bytearray(1000), offset=5)
+        assert fut.result(timeout=BOUND_S) == 1000
+    assert f.closed
+    with pytest.raises(ValueError):
+        f.read(bytearray(1))
+
+
+def test_http_server_ignoring_range_is_a_clear_error(http_object: tuple[str, _Object]) -> None:
+    url, obj = http_object
+    obj.ignore_range = True
+    f = ferrio.open_url(url, range_size="1MiB")
+    with pytest.raises(OSError, match=r"object\.bin"):
+        _in_thread(lambda: _read_all(f))
+
+
+def test_http_503_twice_then_success_is_retried(http_object: tuple[str, _Object]) -> None:
+    url, obj = http_object
+    f = ferrio.open_url(url, range_size="8MiB")
+    obj.fail_503 = 2
+    assert _in_thread(lambda: _read_all(f)) == obj.body
+    assert obj.fail_503 == 0
+
+
+def test_http_dropped_connection_mid_body(http_object: tuple[str, _Object]) -> None:
+    url, obj = http_object
+    f = ferrio.open_url(url, range_size="8MiB")
+    obj.drop_after = 100_000
+    # The broken body is asked again from where it stopped: right bytes, or a clear error.
+    outcome: list[Any] = []
+    try:
+        outcome.append(_in_thread(lambda: _read_all(f)))
+    except OSError as e:
+        outcome.append(e)
+    if isinstance(outcome[0], OSError):
+        assert "object.bin" in str(outcome[0])
+    else:
+        assert outcome[0] == obj.body
+    assert obj.drop_after == 0
+
+
+def test_http_object_replaced_between_requests(http_object: tuple[str, _Object]) -> None:
+    url, obj = http_object
+    f = ferrio.open_url(url, range_size="1MiB", concurrency=1)
+    obj.replace_after_gets = 2
+    with pytest.raises(OSError, match="changed since it was opened"):
+        _in_thread(lambda: _read_all(f))
+
+
+def test_missing_and_malformed_urls(http_object: tuple[str, _Object]) -> None:
+    url, _ = http_object
+    with pytest.raises(ValueError, match="bad object URL"):
+        ferrio.open_url("s3://")
+    with pytest.raises(ValueError):
+        ferrio.open_url(url, "w")
+    with pytest.raises(ValueError, match="local files"):
+        ferrio.open(url, cache="keep")
+    missing = url.replace("object.bin", "missing.bin")
+    with pytest.raises(FileNotFoundError) as e:
+        ferrio.open(missing)
+    assert e.value.filename == missing
+
+
+def test_forked_child_reads_with_its_own_runtime(http_object: tuple[str, _Object]) -> None:
+    import multiprocessing
+
+    url, obj = http_object
+    f = ferrio.open_url(url, range_size="1MiB")
+    assert _in_thread(lambda: _read_all(f)) == obj.body  # the parent's runtime is running
+
+    def child(conn: Any) -> None:
+        # The object opened before the fork, and a new one: both read in the child.
+        digest = hashlib.sha256(_read_all(f)).hexdigest()
+        again = hashlib.sha256(_read_all(ferrio.open_url(url))).hexdigest()
+        conn.send((digest, again))
+        conn.close()
+
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    p = ctx.Process(target=child, args=(theirs,))
+    p.start()
+    assert ours.poll(BOUND_S), "the forked child did not answer in time"
+    want = hashlib.sha256(obj.body).hexdigest()
+    assert ours.recv() == (want, want)
+    p.join(BOUND_S)
+    assert p.exitcode == 0
+
+
+def test_cli_reads_a_url(http_object: tuple[str, _Object]) -> None:
+    url, obj = http_object
+    out = subprocess.run(
+        [sys.executable, "-m", "ferrio._cli", "read", url, "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["bytes"] == len(obj.body)
+    missing = url.replace("object.bin", "missing.bin")
+    out = subprocess.run(
+        [sys.executable, "-m", "ferrio._cli", "read", missing],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+    )
+    assert out.returncode != 0
+    assert "missing.bin" in out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# S3 through moto's server
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    boto3 = pytest.importorskip("boto3")
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    bucket = f"ferrio-{os.getpid()}-{threading.get_ident() % 10000}"
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=bucket)
+    client.ferrio_bucket = bucket
+    return client
+
+
+def test_s3_whole_and_ranged_reads(s3: Any) -> None:
+    data = _data((17 << 20) + 333, seed=2)
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="dir/w.bin", Body=data)
+    with ferrio.open(f"s3://{s3.ferrio_bucket}/dir/w.bin") as f:
+        assert f.size == len(data)
+        assert f.etag
+        assert _in_thread(lambda: _read_all(f)) == data
+        buf = bytearray(9 << 20)
+        assert f.read(buf, offset=1 << 20) == len(buf)
+        assert bytes(buf) == data[1 << 20 : (1 << 20) + len(buf)]
+
+
+def test_s3_missing_key_is_file_not_found(s3: Any) -> None:
+    url = f"s3://{s3.ferrio_bucket}/no/such/key"
+    with pytest.raises(FileNotFoundError) as e:
+        ferrio.open(url)
+    assert e.value.filename == url
+
+
+def test_s3_object_replaced_after_open_is_an_error(s3: Any) -> None:
+    data = _data(3 << 20, seed=3)
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="r.bin", Body=data)
+    f = ferrio.open_url(f"s3://{s3.ferrio_bucket}/r.bin", range_size="1MiB")
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="r.bin", Body=b"\0" * len(data))
+    buf = bytearray(len(data))
+    with pytest.raises(OSError, match="changed since it was opened") as e:
+        _in_thread(lambda: f.read(buf))
+    assert e.value.filename == f"s3://{s3.ferrio_bucket}/r.bin"
+
+
+def test_s3_anonymous_without_credentials(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    bucket = s3.ferrio_bucket
+    s3.put_object(Bucket=bucket, Key="public.bin", Body=b"hello", ACL="public-read")
+    s3.put_object(Bucket=bucket, Key="private.bin", Body=b"secret")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    # No credentials in the environment: unsigned requests, no wait on a metadata endpoint. A
+    # public object reads; a private one is a PermissionError naming the URL.
+    with ferrio.open(f"s3://{bucket}/public.bin") as f:
+        assert _in_thread(lambda: _read_all(f)) == b"hello"
+    with pytest.raises(PermissionError) as e:
+        ferrio.open(f"s3://{bucket}/private.bin")
+    assert e.value.filename == f"s3://{bucket}/private.bin"
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU memory (runs on the GPU machine only)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_http_into_cupy(http_object: tuple[str, _Object]) -> None:
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no GPU")
+    except Exception as e:
+        pytest.skip(f"no usable GPU: {e}")
+    url, obj = http_object
+    with ferrio.open_url(url, range_size="1MiB") as f:
+        dst = cp.full(f.size + 10, 0xA5, dtype=cp.uint8)
+        assert _in_thread(lambda: f.read(dst, size=f.size)) == f.size
+        assert cp.asnumpy(dst[: f.size]).tobytes() == obj.body
+        assert int(dst[f.size]) == 0xA5
+        part = cp.zeros(3 << 20, dtype=cp.uint8)
+        assert f.read(part, offset=4097) == len(part)
+        assert cp.asnumpy(part).tobytes() == obj.body[4097 : 4097 + len(part)]
