@@ -9,7 +9,6 @@ use super::File;
 use crate::bounce;
 use crate::cuda::{self, DevicePtr, Memory};
 use crate::error::{Error, Op, Result};
-use crate::policy;
 use crate::plan::{self, Task};
 use crate::pool::{Completion, Direction, Request, Worker};
 
@@ -62,16 +61,9 @@ impl File {
         let min_task = self.choices.task_size.max(ring_bytes);
         // A cold read that fills the page cache goes in a few large sequential tasks (see
         // `policy::fill_shape`); each still runs through its worker's ring.
-        let fill = if direction == Direction::Read {
-            policy::fill_shape(
-                self.choices.direct_read,
-                &self.inner.cache,
-                self.fd(),
-                offset,
-                len as u64,
-            )
-        } else {
-            None
+        let fill = match direction {
+            Direction::Read => self.fill_shape(offset, len),
+            Direction::Write => None,
         };
         let tasks = match fill {
             Some(shape) => plan::split(offset, len, shape.task_bytes, self.plan_align()),

@@ -336,10 +336,7 @@ impl File {
         // SAFETY: `IoBufMut` guarantees `ptr..ptr+len` stays valid and in place while `buf`
         // lives, and the future owns `buf` until every task has returned.
         let completion = unsafe { self.start_read(ptr, len, offset) };
-        match completion {
-            Ok(c) => IoFuture::new(c, buf),
-            Err(e) => IoFuture::failed(e, buf),
-        }
+        IoFuture::started(completion, buf)
     }
 
     /// Writes all of `buf` at `offset` in parallel (at the end of the file in append modes).
@@ -353,10 +350,7 @@ impl File {
         // SAFETY: `IoBuf` guarantees `ptr..ptr+len` stays valid, unchanged and in place while
         // `buf` lives, and the future owns `buf` until every task has returned.
         let completion = unsafe { self.start_write(ptr, len, offset) };
-        match completion {
-            Ok(c) => IoFuture::new(c, buf),
-            Err(e) => IoFuture::failed(e, buf),
-        }
+        IoFuture::started(completion, buf)
     }
 
     /// Reads `len` bytes at `offset` into memory at `ptr` in parallel.
@@ -367,10 +361,7 @@ impl File {
     /// (`mem::forget`) while the memory can be freed.
     pub unsafe fn pread_raw(&self, ptr: *mut u8, len: usize, offset: u64) -> IoFuture {
         // SAFETY: forwarded from this function's contract.
-        match unsafe { self.start_read(ptr, len, offset) } {
-            Ok(c) => IoFuture::new(c, ()),
-            Err(e) => IoFuture::failed(e, ()),
-        }
+        IoFuture::started(unsafe { self.start_read(ptr, len, offset) }, ())
     }
 
     /// Writes `len` bytes from memory at `ptr` at `offset` in parallel.
@@ -380,10 +371,7 @@ impl File {
     /// returned future has been waited on or dropped. The future must not be leaked.
     pub unsafe fn pwrite_raw(&self, ptr: *const u8, len: usize, offset: u64) -> IoFuture {
         // SAFETY: forwarded from this function's contract.
-        match unsafe { self.start_write(ptr, len, offset) } {
-            Ok(c) => IoFuture::new(c, ()),
-            Err(e) => IoFuture::failed(e, ()),
-        }
+        IoFuture::started(unsafe { self.start_write(ptr, len, offset) }, ())
     }
 
     /// Reads `len` bytes at `offset` into GPU memory at `dst`, in parallel: each worker reads
@@ -399,10 +387,7 @@ impl File {
     /// be leaked.
     pub unsafe fn pread_device(&self, dst: DevicePtr, len: usize, offset: u64) -> IoFuture {
         // SAFETY: forwarded from this function's contract.
-        match unsafe { self.start_device(dst, len, offset, Direction::Read) } {
-            Ok(c) => IoFuture::new(c, ()),
-            Err(e) => IoFuture::failed(e, ()),
-        }
+        IoFuture::started(unsafe { self.start_device(dst, len, offset, Direction::Read) }, ())
     }
 
     /// Writes `len` bytes from GPU memory at `src` to the file at `offset`, in parallel: each
@@ -414,10 +399,7 @@ impl File {
     /// the returned future has been waited on or dropped. The future must not be leaked.
     pub unsafe fn pwrite_device(&self, src: DevicePtr, len: usize, offset: u64) -> IoFuture {
         // SAFETY: forwarded from this function's contract.
-        match unsafe { self.start_device(src, len, offset, Direction::Write) } {
-            Ok(c) => IoFuture::new(c, ()),
-            Err(e) => IoFuture::failed(e, ()),
-        }
+        IoFuture::started(unsafe { self.start_device(src, len, offset, Direction::Write) }, ())
     }
 
     /// Reads into `buf` at `offset`, in parallel, and waits. Returns the bytes read: fewer than
@@ -494,6 +476,18 @@ impl File {
 
     fn plan(&self, offset: u64, len: usize) -> Result<Vec<Task>> {
         self.plan_with(offset, len, self.choices.task_size)
+    }
+
+    /// How a read of `[offset, offset+len)` that fills the page cache is shaped, if it is one
+    /// (see `policy::fill_shape`).
+    fn fill_shape(&self, offset: u64, len: usize) -> Option<policy::FillShape> {
+        policy::fill_shape(
+            self.choices.direct_read,
+            &self.inner.cache,
+            self.fd(),
+            offset,
+            len as u64,
+        )
     }
 
     /// As [`File::plan`], with tasks of `task_bytes`.

@@ -25,13 +25,7 @@ impl File {
         offset: u64,
     ) -> Result<Arc<Completion>> {
         self.check_mode(Op::Read)?;
-        let fill = policy::fill_shape(
-            self.choices.direct_read,
-            &self.inner.cache,
-            self.fd(),
-            offset,
-            len as u64,
-        );
+        let fill = self.fill_shape(offset, len);
         let tasks = match fill {
             Some(shape) => self.plan_with(offset, len, shape.task_bytes)?,
             None => self.plan(offset, len)?,

@@ -219,6 +219,14 @@ impl<B> IoFuture<B> {
         }
     }
 
+    /// The future of a request that `started` (queued, or refused before any I/O with its error).
+    pub(crate) fn started(started: Result<Arc<Completion>>, buffer: B) -> Self {
+        match started {
+            Ok(c) => IoFuture::new(c, buffer),
+            Err(e) => IoFuture::failed(e, buffer),
+        }
+    }
+
     /// A future that has already failed with `error` (validation errors, before any I/O).
     pub(crate) fn failed(error: Error, buffer: B) -> Self {
         let c = Completion::new(0, 0, 1);

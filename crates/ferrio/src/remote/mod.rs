@@ -173,10 +173,7 @@ impl RemoteFile {
         let (ptr, len) = (buf.io_ptr_mut(), buf.io_len());
         // SAFETY: `IoBufMut` keeps `ptr..ptr+len` valid and in place while `buf` lives, and the
         // future owns `buf` until every range has landed.
-        match unsafe { self.start_read(ptr, len, offset) } {
-            Ok(c) => IoFuture::new(c, buf),
-            Err(e) => IoFuture::failed(e, buf),
-        }
+        IoFuture::started(unsafe { self.start_read(ptr, len, offset) }, buf)
     }
 
     /// Reads `len` bytes at `offset` into memory at `ptr` with parallel ranged GETs.
@@ -186,10 +183,7 @@ impl RemoteFile {
     /// until the returned future has been waited on or dropped. The future must not be leaked.
     pub unsafe fn pread_raw(&self, ptr: *mut u8, len: usize, offset: u64) -> IoFuture {
         // SAFETY: forwarded from this function's contract.
-        match unsafe { self.start_read(ptr, len, offset) } {
-            Ok(c) => IoFuture::new(c, ()),
-            Err(e) => IoFuture::failed(e, ()),
-        }
+        IoFuture::started(unsafe { self.start_read(ptr, len, offset) }, ())
     }
 
     /// Reads into `buf` at `offset` with parallel ranged GETs and waits. Returns the bytes read:
@@ -272,10 +266,7 @@ impl RemoteFile {
     /// be leaked.
     pub unsafe fn pread_device(&self, dst: DevicePtr, len: usize, offset: u64) -> IoFuture {
         // SAFETY: forwarded from this function's contract.
-        match unsafe { self.start_device(dst, len, offset) } {
-            Ok(c) => IoFuture::new(c, ()),
-            Err(e) => IoFuture::failed(e, ()),
-        }
+        IoFuture::started(unsafe { self.start_device(dst, len, offset) }, ())
     }
 
     /// # Safety
