@@ -177,13 +177,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
             .collect();
         loop {
             let done = handles.iter().all(|h| h.is_finished());
-            progress.set(
-                ferrio::stats()
-                    .iter()
-                    .map(|p| p.bytes_read)
-                    .sum::<u64>()
-                    .min(total),
-            );
+            progress.set(bytes_read_so_far(total));
             if done {
                 break;
             }
@@ -350,13 +344,7 @@ fn read_to_gpu(
             continue;
         };
         while !fut.wait_timeout(Duration::from_millis(25)) {
-            progress.set(
-                ferrio::stats()
-                    .iter()
-                    .map(|p| p.bytes_read)
-                    .sum::<u64>()
-                    .min(total),
-            );
+            progress.set(bytes_read_so_far(total));
             if let Err(e) = check_interrupt() {
                 fut.cancel();
                 futures.iter().flatten().for_each(|f| f.cancel());
@@ -437,4 +425,13 @@ fn read_one(f: &Source, bufs: &mut Vec<Window>) -> anyhow::Result<Outcome> {
         bytes: done,
         secs: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// Bytes the worker pools have read so far (at most `total`), for the progress bar.
+fn bytes_read_so_far(total: u64) -> u64 {
+    ferrio::stats()
+        .iter()
+        .map(|p| p.bytes_read)
+        .sum::<u64>()
+        .min(total)
 }

@@ -108,6 +108,21 @@ fn env_options(prefix: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `builder` with every option whose key the store knows (`set` applies one), the rest skipped:
+/// the environment holds variables of other tools under the same prefix.
+fn configured<B, K: std::str::FromStr>(
+    builder: B,
+    options: Vec<(String, String)>,
+    set: impl Fn(B, K, String) -> B,
+) -> B {
+    options
+        .into_iter()
+        .fold(builder, |b, (k, v)| match k.parse::<K>() {
+            Ok(key) => set(b, key, v),
+            Err(_) => b,
+        })
+}
+
 /// Whether any of `keys` (lowercase) is among `options`.
 fn has_any(options: &[(String, String)], keys: &[&str]) -> bool {
     options.iter().any(|(k, _)| keys.contains(&k.as_str()))
@@ -137,10 +152,7 @@ pub(crate) fn build(loc: &Location) -> Result<Arc<dyn ObjectStore>> {
             let builder = AmazonS3Builder::new()
                 .with_client_options(client_options(false))
                 .with_retry(retry_config());
-            let builder = opts.into_iter().fold(builder, |b, (k, v)| match k.parse() {
-                Ok(key) => b.with_config(key, v),
-                Err(_) => b,
-            });
+            let builder = configured(builder, opts, |b, key, v| b.with_config(key, v));
             Arc::new(builder.with_url(url).build().map_err(bad)?)
         }
         ObjectStoreScheme::GoogleCloudStorage => {
@@ -163,10 +175,7 @@ pub(crate) fn build(loc: &Location) -> Result<Arc<dyn ObjectStore>> {
             let builder = GoogleCloudStorageBuilder::new()
                 .with_client_options(client_options(false))
                 .with_retry(retry_config());
-            let builder = opts.into_iter().fold(builder, |b, (k, v)| match k.parse() {
-                Ok(key) => b.with_config(key, v),
-                Err(_) => b,
-            });
+            let builder = configured(builder, opts, |b, key, v| b.with_config(key, v));
             Arc::new(builder.with_url(url).build().map_err(bad)?)
         }
         ObjectStoreScheme::MicrosoftAzure => {
@@ -190,10 +199,7 @@ pub(crate) fn build(loc: &Location) -> Result<Arc<dyn ObjectStore>> {
             let builder = MicrosoftAzureBuilder::new()
                 .with_client_options(client_options(false))
                 .with_retry(retry_config());
-            let builder = opts.into_iter().fold(builder, |b, (k, v)| match k.parse() {
-                Ok(key) => b.with_config(key, v),
-                Err(_) => b,
-            });
+            let builder = configured(builder, opts, |b, key, v| b.with_config(key, v));
             Arc::new(builder.with_url(url).build().map_err(bad)?)
         }
         _ => {
