@@ -101,13 +101,18 @@ const TEMP_MARK: &[u8] = b".ferrio-";
 /// `PID-HHHH`: this process's id and a tag of the host name, so that a sweep never takes a name
 /// of a live copy, nor of a copy on another machine sharing the directory (NFS, a volume shared
 /// by containers with their own process ids).
-fn own_tag() -> &'static str {
-    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    TAG.get_or_init(|| format!("{}-{}", std::process::id(), host_tag()))
+/// The id is asked each time (a forked child has its own); the host tag is read once.
+fn own_tag() -> String {
+    format!("{}-{}", crate::sys::process_id(), host_tag())
 }
 
 /// Four letters and digits from the host name (FNV-1a), the same in every process of a machine.
-fn host_tag() -> String {
+fn host_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(read_host_tag)
+}
+
+fn read_host_tag() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     let name = fs::read("/proc/sys/kernel/hostname").unwrap_or_default();
     let mut h: u64 = 0xCBF2_9CE4_8422_2325;
@@ -134,7 +139,7 @@ fn temp_owner(name: &[u8]) -> Option<u32> {
     let rest = std::str::from_utf8(&name[at + TEMP_MARK.len()..]).ok()?;
     let (pid, tail) = rest.split_once('-')?;
     let host = host_tag();
-    if tail.len() != host.len() + 6 || !tail.starts_with(&host) || pid.starts_with('0') {
+    if tail.len() != host.len() + 6 || !tail.starts_with(host) || pid.starts_with('0') {
         return None;
     }
     if !tail.bytes().all(|b| b.is_ascii_alphanumeric()) {
@@ -150,7 +155,7 @@ pub(super) fn remove_stale(dir: &Path) -> usize {
     let Ok(entries) = fs::read_dir(dir) else {
         return 0;
     };
-    let me = std::process::id();
+    let me = crate::sys::process_id();
     let mut removed = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();

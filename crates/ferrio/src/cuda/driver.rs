@@ -196,7 +196,7 @@ pub(crate) fn get() -> Result<&'static Driver> {
         .map_err(|reason| Error::CudaUnavailable {
             reason: reason.clone(),
         })?;
-    if driver.pid != std::process::id() {
+    if driver.pid != crate::sys::process_id() {
         return Err(Error::CudaUnavailable {
             reason: "CUDA was initialised in the parent of this forked process, and CUDA does \
                      not survive fork(): start workers with the 'spawn' or 'forkserver' method, \
@@ -233,7 +233,7 @@ fn load() -> std::result::Result<Driver, String> {
         api,
         version: 0,
         device_count: 0,
-        pid: std::process::id(),
+        pid: crate::sys::process_id(),
     };
     // SAFETY: cuInit takes flags that must be 0 and may be called any number of times.
     let code = unsafe { (driver.api.init)(0) };
