@@ -20,6 +20,7 @@ mod store;
 mod write;
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -36,6 +37,19 @@ use crate::pool::{Completion, IoFuture};
 
 pub use store::is_remote_url;
 pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MIN_PART_SIZE};
+
+/// Bytes every remote read of this process has received so far.
+static BYTES_READ: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes received by the remote reads of this process so far, all objects together: progress for
+/// a caller that reads remote objects (worker pools' statistics do not include them).
+pub fn bytes_read() -> u64 {
+    BYTES_READ.load(Ordering::Relaxed)
+}
+
+fn count_read(n: u64) {
+    BYTES_READ.fetch_add(n, Ordering::Relaxed);
+}
 
 /// An object in remote storage, open for reading.
 ///
@@ -250,6 +264,7 @@ impl RemoteFile {
                 // left as it is, and the request's result is the error or `Cancelled`.
                 let outcome = runtime::unless_cancelled(
                     pinned.fetch_into(task.offset..task.offset + n as u64, slice, &|b| {
+                        count_read(b);
                         completion.add_progress(b)
                     }),
                     || completion.is_cancelled(),
@@ -326,7 +341,11 @@ impl RemoteFile {
                         async move {
                             let mut piece = vec![0u8; r.len];
                             pinned
-                                .fetch_into(r.offset..r.offset + r.len as u64, &mut piece, &|_| {})
+                                .fetch_into(
+                                    r.offset..r.offset + r.len as u64,
+                                    &mut piece,
+                                    &count_read,
+                                )
                                 .await
                                 .map(|()| piece)
                         }
