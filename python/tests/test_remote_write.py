@@ -151,9 +151,7 @@ def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     (`s3.faults` says how it misbehaves)."""
     boto3 = pytest.importorskip("boto3")
     faults = _Faults()
-    proxy = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), _proxy_handler(moto_endpoint, faults)
-    )
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _proxy_handler(moto_endpoint, faults))
     proxy.daemon_threads = True
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     for k in list(os.environ):
@@ -268,9 +266,8 @@ def test_failing_part_leaves_nothing(s3: Any) -> None:
 
 def test_write_to_missing_bucket_is_file_not_found(s3: Any) -> None:
     url = "s3://no-such-bucket-ferrio/x.bin"
-    with pytest.raises(FileNotFoundError) as e:
-        with ferrio.open(url, "w") as w:
-            w.write(b"hello")
+    with pytest.raises(FileNotFoundError) as e, ferrio.open(url, "w") as w:
+        w.write(b"hello")
     assert e.value.filename == url
 
 
@@ -279,7 +276,7 @@ def test_http_urls_and_bad_modes_are_refused() -> None:
         ferrio.open("https://example.com/object.bin", "w")
     with pytest.raises(ValueError, match="read-only"):
         ferrio.open_url("http://127.0.0.1:9/object.bin", "w")
-    with pytest.raises(ValueError, match="not 'a'|not \"a\""):
+    with pytest.raises(ValueError, match='not "a"'):
         ferrio.open("s3://bucket/key", "a")
     with pytest.raises(ValueError):
         ferrio.open("s3://bucket-only", "w")
