@@ -3,7 +3,7 @@
 import os
 import types
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, Self, final
+from typing import Any, Literal, Self, final, overload
 
 __all__ = [
     "Allocation",
@@ -15,6 +15,7 @@ __all__ = [
     "IOFuture",
     "PoolResource",
     "RemoteFile",
+    "RemoteWriter",
     "Residency",
     "SafetensorError",
     "__version__",
@@ -159,6 +160,43 @@ class RemoteFile:
     ) -> bool: ...
 
 @final
+class RemoteWriter:
+    """A new object in remote storage, written by a multipart upload completed on close.
+
+    Parts go up in parallel while writing goes on; close() (or a with block ending normally)
+    completes the object, abort() (or an exception, KeyboardInterrupt included, inside the with
+    block) aborts the upload so that no object and no parts are left.
+    """
+
+    def write(self, buf: _Buffer) -> int:
+        """Append the bytes of a host buffer; return how many were taken (all)."""
+    def close(self) -> None:
+        """Complete the object; it exists once this returns."""
+    def abort(self) -> None:
+        """Abandon the object: abort the upload, nothing is created."""
+    def tell(self) -> int:
+        """Bytes written so far."""
+    @property
+    def closed(self) -> bool:
+        """Whether the writer was closed or aborted."""
+    @property
+    def url(self) -> str:
+        """The URL written to."""
+    @property
+    def path(self) -> str:
+        """The URL, under the name File uses."""
+    @property
+    def mode(self) -> str:
+        """Always "w"."""
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        _exc: BaseException | None = None,
+        _tb: types.TracebackType | None = None,
+    ) -> bool: ...
+
+@final
 class IOFuture:
     """The handle of a parallel read or write; awaitable."""
 
@@ -201,16 +239,30 @@ def open(
     direct_write: _Setting | None = None,
     direct_overread: _Setting | None = None,
 ) -> File:
-    """Open a file for parallel reads and writes (a URL str opens a RemoteFile; see open_url)."""
+    """Open a file for parallel reads and writes.
 
+    A URL str opens a RemoteFile (mode "r") or a RemoteWriter (mode "w"); see open_url.
+    """
+
+@overload
 def open_url(
     url: str,
-    mode: str = "r",
+    mode: Literal["r", "rb"] = "r",
     *,
     range_size: _Setting | None = None,
     concurrency: _Setting | None = None,
 ) -> RemoteFile:
     """Open an object in remote storage for parallel reads."""
+
+@overload
+def open_url(
+    url: str,
+    mode: Literal["w", "wb"],
+    *,
+    range_size: _Setting | None = None,
+    concurrency: _Setting | None = None,
+) -> RemoteWriter:
+    """Write a new object in remote storage by multipart upload."""
 
 def is_remote_url(path: object) -> bool:
     """Whether `path` is a URL that open() reads from remote storage."""
@@ -265,7 +317,11 @@ def copy(
     """Copy files or trees like ``cp``, in parallel across files, devices and within files.
 
     Each file is written under a temporary name in the destination directory and renamed when
-    complete, so a failure or Ctrl-C leaves no partial file. Returns a dict with ``files``,
+    complete, so a failure or Ctrl-C leaves no partial file. A source or ``dst`` may be a URL
+    (s3://, gs://, az://; http(s):// as a source): files are uploaded by multipart upload
+    (no object unless complete), downloaded into a temporary file renamed into place, or copied
+    inside the store within one bucket; a ``dst`` URL ending in "/" is a prefix. Directories
+    with URLs are not supported yet. Returns a dict with ``files``,
     ``dirs``, ``symlinks``, ``bytes``, ``verified`` and ``seconds``; raises the first error.
     """
 

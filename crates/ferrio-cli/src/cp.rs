@@ -1,5 +1,6 @@
 //! `ferrio cp SRC... DST`: copies files and directory trees with [`ferrio::copy`], reads on the
-//! sources' device pools and writes on the destination's, several files at once.
+//! sources' device pools and writes on the destination's, several files at once; files to and
+//! from URLs of remote storage too.
 //!
 //! Exit status: 0 when everything was copied, 2 for a bad command line or a source that does not
 //! exist (nothing is copied then), 1 when some file failed (each failure gets a line on stderr;
@@ -27,6 +28,15 @@ Destinations, as with GNU cp:
   - DST a file you may not write: refused (renaming over it would bypass its permissions).
   - A copy killed with SIGKILL leaves its temporary file (.NAME.ferrio-PID-...); the next copy
     into that directory removes it once that process is gone.
+
+URLs (s3://, gs://, az://; http(s):// as a source only) may stand for a SRC or DST file:
+  - FILE URL uploads FILE in parallel parts; the object appears only when the whole file is
+    sent (an error or Ctrl-C aborts the upload: no object, no leftover parts).
+  - URL FILE (or URL DIR/) downloads with parallel ranged GETs into a temporary file renamed
+    into place when complete.
+  - URL URL copies inside the store when both are in one bucket, else streams the bytes.
+  - A DST URL ending in / is a prefix: the copy is named after SRC. Directories and prefixes as
+    sources are not supported yet.
 
 Exit status: 0 all copied, 2 bad usage or missing source (nothing copied), 1 some file failed
 (one line each on stderr; the others are copied), 130 Ctrl-C (no partial file is left).";

@@ -427,11 +427,9 @@ fn read_one(f: &Source, bufs: &mut Vec<Window>) -> anyhow::Result<Outcome> {
     })
 }
 
-/// Bytes the worker pools have read so far (at most `total`), for the progress bar.
+/// Bytes the worker pools and the remote reads have read so far (at most `total`), for the
+/// progress bar.
 fn bytes_read_so_far(total: u64) -> u64 {
-    ferrio::stats()
-        .iter()
-        .map(|p| p.bytes_read)
-        .sum::<u64>()
-        .min(total)
+    let pools: u64 = ferrio::stats().iter().map(|p| p.bytes_read).sum();
+    (pools + ferrio::remote::bytes_read()).min(total)
 }

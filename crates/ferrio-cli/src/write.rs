@@ -38,6 +38,17 @@ pub(crate) struct Args {
 pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     let settings = a.io.settings()?;
     let mut existed = Vec::with_capacity(a.paths.len());
+    if let Some(url) = a
+        .paths
+        .iter()
+        .filter_map(|p| p.to_str())
+        .find(|p| ferrio::remote::is_remote_url(p))
+    {
+        return Err(UsageError(format!(
+            "{url}: write makes local files; upload a file with `ferrio cp FILE {url}`"
+        ))
+        .into());
+    }
     for p in &a.paths {
         existed.push(check_target(p)?);
     }

@@ -43,7 +43,9 @@ impl Blocking for Running {
 }
 
 /// Copies files or directory trees like `cp`: in parallel across files and within large files,
-/// each file written under a temporary name and renamed when complete. Returns a dict with
+/// each file written under a temporary name and renamed when complete. A source or `dst` may be
+/// a URL of remote storage (see `ferrio::copy`): uploads complete only when whole, downloads are
+/// renamed into place when complete. Returns a dict with
 /// `files`, `bytes`, `seconds`, ...; raises the first error (an `OSError` subclass) if any entry
 /// failed.
 #[pyfunction]

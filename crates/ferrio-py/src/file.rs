@@ -193,7 +193,7 @@ pub(crate) fn open(
                 ("remote_concurrency", None),
             ],
         )?;
-        return Ok(Py::new(py, remote)?.into_any());
+        return Ok(remote);
     }
     let path = crate::paths::fs_path(path)?;
     let file = open_file(

@@ -1,6 +1,6 @@
 //! `ferrio._native`: the Python bindings of ferrio, re-exported by the `ferrio` package.
 //!
-//! One file per Python class (`file.rs`: `File`, `remote.rs`: `RemoteFile`, `future.rs`: `IOFuture`, `pagecache.rs`:
+//! One file per Python class (`file.rs`: `File`, `remote.rs`: `RemoteFile`, `RemoteWriter`, `future.rs`: `IOFuture`, `pagecache.rs`:
 //! `Residency`), plus buffer validation (`buffer.rs`), the exception mapping (`errors.rs`),
 //! settings (`config.rs`), pool statistics (`stats.rs`), parallel copy (`copy.rs`), the pool memory resource (`memory.rs`), the console script (`cli.rs`), the safetensors format (`safetensors.rs`) and the one helper that releases the
 //! GIL (`gil.rs`).
@@ -29,6 +29,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<file::File>()?;
     m.add_class::<remote::RemoteFile>()?;
+    m.add_class::<remote::RemoteWriter>()?;
     m.add_class::<future::IOFuture>()?;
     m.add_class::<pagecache::Residency>()?;
     m.add_class::<memory::PoolResource>()?;

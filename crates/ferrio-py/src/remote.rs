@@ -1,5 +1,6 @@
 //! `RemoteFile`: an object in remote storage (`s3://`, `gs://`, `az://`, `http(s)://`) read in
-//! parallel ranged GETs into host or GPU memory, with the read API of `File`.
+//! parallel ranged GETs into host or GPU memory, with the read API of `File`; `RemoteWriter`: a
+//! new object written by multipart upload (`ferrio.open(url, "w")`).
 //!
 //! Arguments are validated before any I/O; blocking happens only through [`crate::gil`]. The
 //! object's size and version are fixed at open (see `ferrio::remote`).
@@ -77,25 +78,48 @@ impl RemoteFile {
     }
 }
 
-/// Opens the object at `url` for reading (mode `r` only) with the settings in force and the
-/// per-object options given.
+/// Opens the object at `url` for reading (mode `r`: a `RemoteFile`) or as a new object (mode
+/// `w`: a `RemoteWriter`) with the settings in force and the per-object options given.
 pub(crate) fn open_remote(
     py: Python<'_>,
     url: &str,
     mode: &str,
     options: [(&str, Option<SettingText>); 2],
-) -> PyResult<RemoteFile> {
-    if !matches!(mode, "r" | "rb") {
-        return Err(PyValueError::new_err(format!(
-            "remote objects open for reading only (mode \"r\"), not {mode:?}: {url}"
-        )));
+) -> PyResult<Py<PyAny>> {
+    let writing = match mode {
+        "r" | "rb" => false,
+        "w" | "wb" => true,
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "remote objects open for reading (mode \"r\") or as a new object (mode \"w\"), \
+                 not {mode:?}: {url}"
+            )))
+        }
+    };
+    let settings = settings_with(options)?;
+    if writing {
+        let writer = ferrio::RemoteWriter::create_with(url, settings).map_err(to_pyerr)?;
+        let writer = RemoteWriter {
+            inner: Mutex::new(Some(writer)),
+            url: url.to_string(),
+        };
+        return Ok(Py::new(py, writer)?.into_any());
     }
+    Ok(Py::new(py, open_reader(py, url, settings)?)?.into_any())
+}
+
+/// The settings in force with the per-object options given.
+fn settings_with(options: [(&str, Option<SettingText>); 2]) -> PyResult<Settings> {
     let mut settings = Settings::current();
     for (name, value) in options {
         if let Some(SettingText(text)) = value {
             settings.set(name, &text).map_err(to_pyerr)?;
         }
     }
+    Ok(settings)
+}
+
+fn open_reader(py: Python<'_>, url: &str, settings: Settings) -> PyResult<RemoteFile> {
     let file =
         without_gil(py, || ferrio::RemoteFile::open_with(url, settings))?.map_err(to_pyerr)?;
     Ok(RemoteFile {
@@ -104,7 +128,8 @@ pub(crate) fn open_remote(
     })
 }
 
-/// Opens an object in remote storage for parallel reads and returns a `RemoteFile`.
+/// Opens an object in remote storage for parallel reads (mode `r`: a `RemoteFile`) or writes a
+/// new one by multipart upload (mode `w`: a `RemoteWriter`).
 ///
 /// `url` is `s3://bucket/key`, `gs://bucket/key`, `az://container/key` (or `abfs://`) or
 /// `http(s)://host/path`. Credentials and endpoints come from the environment as each store's
@@ -112,7 +137,7 @@ pub(crate) fn open_remote(
 /// `AZURE_STORAGE_*`); without credentials requests are unsigned. `range_size` (bytes per GET)
 /// and `concurrency` (GETs in flight) override `remote_range_size` and `remote_concurrency`.
 /// Raises `FileNotFoundError` or `PermissionError` naming the URL, `ValueError` for a malformed
-/// URL or a mode other than `r`.
+/// URL, a mode other than `r` or `w`, or `w` on an `http(s)://` URL (read-only).
 #[pyfunction]
 #[pyo3(signature = (url, mode="r", *, range_size=None, concurrency=None))]
 pub(crate) fn open_url(
@@ -121,7 +146,7 @@ pub(crate) fn open_url(
     mode: &str,
     range_size: Option<SettingText>,
     concurrency: Option<SettingText>,
-) -> PyResult<RemoteFile> {
+) -> PyResult<Py<PyAny>> {
     open_remote(
         py,
         url,
@@ -152,7 +177,17 @@ impl RemoteFile {
         range_size: Option<SettingText>,
         concurrency: Option<SettingText>,
     ) -> PyResult<RemoteFile> {
-        open_url(py, url, mode, range_size, concurrency)
+        if !matches!(mode, "r" | "rb") {
+            return Err(PyValueError::new_err(format!(
+                "RemoteFile reads (mode \"r\"); write a new object with ferrio.open(url, \"w\"), \
+                 not {mode:?}: {url}"
+            )));
+        }
+        let settings = settings_with([
+            ("remote_range_size", range_size),
+            ("remote_concurrency", concurrency),
+        ])?;
+        open_reader(py, url, settings)
     }
 
     /// Reads `size` bytes (default: the buffer's size) at `offset` into the start of `buf`, in
@@ -237,3 +272,161 @@ impl RemoteFile {
         )
     }
 }
+
+/// A new object in remote storage, written by multipart upload: `ferrio.open(url, "w")`.
+///
+/// `write(buf)` appends; parts of `remote_range_size` (at least 5 MiB) are uploaded in parallel
+/// (up to `remote_concurrency`) while writing goes on, with the GIL released. `close()` waits for
+/// them and completes the upload: only then does the object exist. `abort()`, an exception or
+/// `KeyboardInterrupt` inside a `with` block, a failed part, or a writer garbage-collected
+/// without `close()` abort the upload: no object is created and no parts are left behind.
+#[pyclass(frozen, module = "ferrio", name = "RemoteWriter")]
+pub struct RemoteWriter {
+    inner: Mutex<Option<ferrio::RemoteWriter>>,
+    url: String,
+}
+
+impl RemoteWriter {
+    fn lock(&self) -> MutexGuard<'_, Option<ferrio::RemoteWriter>> {
+        // Only its writer's own calls change it; a poisoned lock holds a writer that aborted or
+        // is still consistent (each call leaves it whole).
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the writer with the GIL released; `ValueError` once closed.
+    fn with_writer<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut ferrio::RemoteWriter) -> ferrio::Result<T> + Send,
+    ) -> PyResult<T> {
+        without_gil(py, || {
+            let mut slot = self.lock();
+            match slot.as_mut() {
+                Some(w) => Ok(f(w)),
+                None => Err(closed_file()),
+            }
+        })??
+        .map_err(to_pyerr)
+    }
+}
+
+#[pymethods]
+impl RemoteWriter {
+    /// Appends the bytes of `buf` (any C-contiguous host buffer) to the object and returns how
+    /// many were taken (all of them). Blocks while `remote_concurrency` parts are in flight.
+    /// GPU arrays are refused: copy them to host memory first.
+    fn write(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let host = match buffer::target(buf, Direction::Write, None)? {
+            Target::Host(host) => host,
+            Target::Device(_) => {
+                return Err(PyValueError::new_err(format!(
+                    "writes to remote objects take host memory; copy the GPU array to the host \
+                     first (e.g. cupy.asnumpy): {}",
+                    self.url
+                )))
+            }
+        };
+        let (ptr, len) = (SendConst(host.ptr()), host.len());
+        let view = host.into_view();
+        let n = self.with_writer(py, move |w| {
+            let ptr = ptr;
+            // SAFETY: `ptr..ptr+len` lies in the C-contiguous export checked by
+            // `buffer::target`, held by `view` until after this call returns; the writer copies
+            // the bytes out before returning.
+            let bytes = unsafe { std::slice::from_raw_parts(ptr.0.cast_const(), len) };
+            w.write(bytes)
+        });
+        drop(view);
+        n
+    }
+
+    /// Completes the object (waits for every part); the object exists once this returns.
+    /// Closing twice does nothing. On an error the upload is aborted and the error raised.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.lock().as_ref().is_none_or(|w| w.is_closed()) {
+            return Ok(());
+        }
+        let done = self.with_writer(py, |w| w.close().map(|_| ()));
+        self.lock().take();
+        done
+    }
+
+    /// Abandons the object: parts in flight are dropped and the upload is aborted, so nothing is
+    /// created. Does nothing after `close()`.
+    fn abort(&self, py: Python<'_>) -> PyResult<()> {
+        if self.lock().is_none() {
+            return Ok(());
+        }
+        let done = self.with_writer(py, |w| w.abort());
+        self.lock().take();
+        done
+    }
+
+    /// Bytes written so far.
+    fn tell(&self) -> PyResult<u64> {
+        self.lock()
+            .as_ref()
+            .map(|w| w.written())
+            .ok_or_else(closed_file)
+    }
+
+    /// Whether the writer was closed or aborted.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    /// The URL written to.
+    #[getter]
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL, under the name `File` uses.
+    #[getter]
+    fn path(&self) -> &str {
+        &self.url
+    }
+
+    /// Always `w`.
+    #[getter]
+    fn mode(&self) -> &'static str {
+        "w"
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Completes the object on a normal exit; aborts it when the block raised (including
+    /// `KeyboardInterrupt`).
+    #[pyo3(signature = (exc_type, _exc=None, _tb=None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        if exc_type.is_some_and(|t| !t.is_none()) {
+            self.abort(py)?;
+        } else {
+            self.close(py)?;
+        }
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<ferrio.RemoteWriter url={:?}{}>",
+            self.url,
+            if self.closed() { " closed" } else { "" }
+        )
+    }
+}
+
+/// A pointer to the caller's bytes, carried to the thread that runs without the GIL.
+struct SendConst(*mut u8);
+
+// SAFETY: the pointer is only read, during one call that the export backing it outlives.
+unsafe impl Send for SendConst {}

@@ -51,4 +51,4 @@ pub use direct::DirectSupport;
 pub use error::{Error, Op, Result};
 pub use file::{stats, File, Mode, OpenOptions};
 pub use pool::{wait_all, IoFuture, PoolStats};
-pub use remote::RemoteFile;
+pub use remote::{RemoteFile, RemoteWriter};

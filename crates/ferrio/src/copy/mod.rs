@@ -5,7 +5,8 @@
 //! its report. Each step has a file of its own: `options` (what is asked and told back), `dest`
 //! (where things go), `walk` (what there is to copy), `dirs` (destination directories),
 //! `schedule` (which file next, how many at once), `entry` (one file or symlink, start to end),
-//! `data` (moving the bytes), `ring` (the windows they move through), `verify`, `meta` (mode,
+//! `data` (moving the bytes), `ring` (the windows they move through), `url` (copies to and from
+//! remote storage), `verify`, `meta` (mode,
 //! owner, times) and `temp` (temporary names). None of them makes a syscall itself (those live in
 //! the crate's `sys` module) or reaches the worker pools other than through [`File`](crate::File).
 //!
@@ -51,6 +52,7 @@ mod options;
 mod ring;
 mod schedule;
 mod temp;
+mod url;
 mod verify;
 mod walk;
 
@@ -78,6 +80,12 @@ use walk::{Entry, Kind};
 /// existing file replaces it when the new copy is complete; without `preserve` the replacement
 /// keeps the old file's mode (and owner, where permitted), as `cp` does.
 ///
+/// A source or `dest` may be a URL of remote storage (`s3://`, `gs://`, `az://`; `http(s)://`
+/// as a source only): a file is uploaded by multipart upload, completed only when the whole file
+/// is sent; an object is downloaded into a temporary file renamed into place; an object is copied
+/// inside its store when source and destination share a bucket. A `dest` URL ending in `/` is a
+/// prefix the copies go under by name. Directories and prefixes as sources are refused for now.
+///
 /// Errors before anything is copied (a missing source, a bad destination) are returned as
 /// `Err`; errors of single files are listed in the report and the copy goes on.
 ///
@@ -100,6 +108,9 @@ where
         .into_iter()
         .map(|p| p.as_ref().to_path_buf())
         .collect();
+    if url::involves_urls(&sources, dest.as_ref()) {
+        return url::copy(&sources, dest.as_ref(), options);
+    }
     let roots = plan_roots(&sources, dest.as_ref(), options)?;
     let settings = options.settings.clone().unwrap_or_else(Settings::current);
     let window = if options.window_bytes > 0 {

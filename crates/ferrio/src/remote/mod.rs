@@ -1,5 +1,6 @@
 //! Objects in remote storage (S3, Google Cloud Storage, Azure Blob, plain HTTP(S)) read in
-//! parallel into host or GPU memory: [`RemoteFile`].
+//! parallel into host or GPU memory: [`RemoteFile`]; new objects written by multipart upload:
+//! [`RemoteWriter`] (`write.rs`).
 //!
 //! A remote object is another *source* for the same destinations as a [`crate::File`]: a read
 //! is planned into range tasks like a local read (`plan::split`, with
@@ -16,8 +17,10 @@
 mod fetch;
 mod runtime;
 mod store;
+mod write;
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -33,6 +36,20 @@ use crate::plan::{self, Task};
 use crate::pool::{Completion, IoFuture};
 
 pub use store::is_remote_url;
+pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MIN_PART_SIZE};
+
+/// Bytes every remote read of this process has received so far.
+static BYTES_READ: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes received by the remote reads of this process so far, all objects together: progress for
+/// a caller that reads remote objects (worker pools' statistics do not include them).
+pub fn bytes_read() -> u64 {
+    BYTES_READ.load(Ordering::Relaxed)
+}
+
+fn count_read(n: u64) {
+    BYTES_READ.fetch_add(n, Ordering::Relaxed);
+}
 
 /// An object in remote storage, open for reading.
 ///
@@ -243,13 +260,18 @@ impl RemoteFile {
                 // (the tasks do not overlap), valid and unaliased until the future resolves,
                 // which happens only after this task reports below.
                 let slice = unsafe { std::slice::from_raw_parts_mut(dst.get(), n) };
-                let outcome = pinned
-                    .fetch_into(task.offset..task.offset + n as u64, slice, &|b| {
+                // A cancel (or another range's error) drops the GET in flight: its slice is
+                // left as it is, and the request's result is the error or `Cancelled`.
+                let outcome = runtime::unless_cancelled(
+                    pinned.fetch_into(task.offset..task.offset + n as u64, slice, &|b| {
+                        count_read(b);
                         completion.add_progress(b)
-                    })
-                    .await
-                    .map(|()| n);
-                completion.finish_task(&task, Some(outcome));
+                    }),
+                    || completion.is_cancelled(),
+                )
+                .await
+                .map(|fetched| fetched.map(|()| n));
+                completion.finish_task(&task, outcome);
             });
         }
         Ok(completion)
@@ -319,7 +341,11 @@ impl RemoteFile {
                         async move {
                             let mut piece = vec![0u8; r.len];
                             pinned
-                                .fetch_into(r.offset..r.offset + r.len as u64, &mut piece, &|_| {})
+                                .fetch_into(
+                                    r.offset..r.offset + r.len as u64,
+                                    &mut piece,
+                                    &count_read,
+                                )
                                 .await
                                 .map(|()| piece)
                         }
@@ -333,7 +359,10 @@ impl RemoteFile {
                 }
             }
         };
-        handle.spawn(producer);
+        let cancel = completion.clone();
+        handle.spawn(runtime::unless_cancelled(producer, move || {
+            cancel.is_cancelled()
+        }));
         let done = completion.clone();
         handle.spawn_blocking(move || {
             // The range being copied out, and how much of it has been.
@@ -342,10 +371,15 @@ impl RemoteFile {
             let mut fill = |buf: &mut [u8], _off: u64| -> Result<usize> {
                 let mut filled = 0;
                 while filled < buf.len() {
+                    if done.is_cancelled() {
+                        return Err(Error::Cancelled);
+                    }
                     if used == current.len() {
                         match rx.blocking_recv() {
                             Some(Ok(next)) => (current, used) = (next, 0),
                             Some(Err(e)) => return Err(e),
+                            // The GETs stopped: a cancel, or the object's end.
+                            None if done.is_cancelled() => return Err(Error::Cancelled),
                             None => break,
                         }
                     }
@@ -360,7 +394,12 @@ impl RemoteFile {
                 bounce::start_read_to_device(context, dst, n, offset, &settings, &mut fill);
             let finished = bounce::finish_thread_ring(context);
             let outcome = started.and_then(|got| finished.map(|()| got));
-            done.finish_task(&task, Some(outcome));
+            // A cancelled transfer is skipped, not failed (as a cancelled host read is).
+            let outcome = match outcome {
+                Err(Error::Cancelled) => None,
+                other => Some(other),
+            };
+            done.finish_task(&task, outcome);
         });
         Ok(completion)
     }

@@ -52,3 +52,30 @@ pub(crate) fn handle() -> Result<Handle> {
     *slot = Some((pid, rt));
     Ok(handle)
 }
+
+/// How often a request in flight looks at its cancel flag: well under what a person notices
+/// after Ctrl-C.
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Runs `work` until it ends or `cancelled()` turns true; `None` when cancelled. Dropping
+/// `work` drops its HTTP request, so a cancel stops a GET or a part upload in flight instead of
+/// waiting for it to finish or time out.
+pub(crate) async fn unless_cancelled<F: std::future::Future>(
+    work: F,
+    cancelled: impl Fn() -> bool,
+) -> Option<F::Output> {
+    if cancelled() {
+        return None;
+    }
+    let watch = async {
+        while !cancelled() {
+            tokio::time::sleep(CANCEL_POLL).await;
+        }
+    };
+    futures::pin_mut!(work);
+    futures::pin_mut!(watch);
+    match futures::future::select(work, watch).await {
+        futures::future::Either::Left((out, _)) => Some(out),
+        futures::future::Either::Right(((), _)) => None,
+    }
+}

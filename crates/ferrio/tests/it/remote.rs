@@ -1,8 +1,9 @@
 //! `RemoteFile` against a tiny HTTP server on 127.0.0.1 (std only, one thread per connection,
 //! `Connection: close`): ranged reads byte for byte, reads past the end, a missing object, a
-//! malformed URL, a server that ignores `Range`, and an object replaced between requests.
-//! Python's tests (`python/tests/test_remote.py`) cover S3 through moto, retries and dropped
-//! connections.
+//! malformed URL, a server that ignores `Range`, and an object replaced between requests; a
+//! cancel that stops GETs in flight; downloads with `ferrio::copy` (complete or no file).
+//! Python's tests (`python/tests/test_remote.py`, `test_remote_write.py`) cover S3 through moto,
+//! retries, dropped connections, uploads and copies to URLs.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ferrio::{Error, RemoteFile, Settings};
+use ferrio::{CopyOptions, CopyProgress, Error, RemoteFile, RemoteWriter, Settings};
 
 /// What the server serves and how it misbehaves.
 struct Object {
@@ -20,6 +21,8 @@ struct Object {
     /// After this many GETs the object is replaced (usize::MAX: never).
     replace_after: AtomicUsize,
     gets: AtomicUsize,
+    /// GETs wait this long before answering (a server that has stopped sending).
+    stall_ms: AtomicUsize,
 }
 
 struct Server {
@@ -51,6 +54,7 @@ fn serve(body: Vec<u8>) -> Server {
         ignore_range: AtomicBool::new(false),
         replace_after: AtomicUsize::new(usize::MAX),
         gets: AtomicUsize::new(0),
+        stall_ms: AtomicUsize::new(0),
     });
     let stop = Arc::new(AtomicBool::new(false));
     let thread = {
@@ -112,6 +116,8 @@ fn answer(conn: TcpStream, object: &Object) -> std::io::Result<()> {
         return conn.write_all(head("404 Not Found", 0, "\"x\"", "").as_bytes());
     }
     if method == "GET" {
+        let stall = object.stall_ms.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(stall as u64));
         let n = object.gets.fetch_add(1, Ordering::Relaxed) + 1;
         if n > object.replace_after.load(Ordering::Relaxed) {
             let mut b = object.body.lock().unwrap();
@@ -209,5 +215,91 @@ fn missing_objects_and_malformed_urls() {
             matches!(RemoteFile::open(bad), Err(Error::InvalidArgument(_))),
             "{bad}"
         );
+    }
+}
+
+#[test]
+fn cancel_stops_gets_in_flight() {
+    let server = serve(data(1 << 20));
+    server.object.stall_ms.store(20_000, Ordering::Relaxed);
+    let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+    let fut = f.pread(vec![0u8; 1 << 20], 0);
+    // Let the GETs reach the server, where they hang.
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = std::time::Instant::now();
+    fut.cancel();
+    let (r, _) = fut.into_buffer();
+    assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "cancel took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn copy_downloads_whole_or_leaves_nothing() {
+    let body = data((1 << 20) + 77);
+    let server = serve(body.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let options = CopyOptions::new().settings(small_ranges());
+    let dst = dir.path().join("got.bin");
+    let report = ferrio::copy([&server.url], &dst, &options).unwrap();
+    report.check().unwrap();
+    assert_eq!((report.files, report.bytes), (1, body.len() as u64));
+    assert_eq!(std::fs::read(&dst).unwrap(), body);
+    // Into a directory: named after the object.
+    let report = ferrio::copy([&server.url], dir.path(), &options).unwrap();
+    report.check().unwrap();
+    assert_eq!(std::fs::read(dir.path().join("object.bin")).unwrap(), body);
+
+    // A failing download leaves neither the destination nor a temporary file.
+    let empty = tempfile::tempdir().unwrap();
+    server.object.ignore_range.store(true, Ordering::Relaxed);
+    let report = ferrio::copy([&server.url], empty.path().join("x"), &options).unwrap();
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0);
+    server.object.ignore_range.store(false, Ordering::Relaxed);
+
+    // A cancelled download too, with its GETs hanging.
+    server.object.stall_ms.store(20_000, Ordering::Relaxed);
+    let progress = CopyProgress::new();
+    let options = options.progress(progress.clone());
+    let stopper = {
+        let progress = progress.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            progress.cancel();
+        })
+    };
+    let t0 = std::time::Instant::now();
+    let report = ferrio::copy([&server.url], empty.path().join("x"), &options).unwrap();
+    stopper.join().unwrap();
+    assert!(report.cancelled);
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn urls_that_cannot_take_a_copy_are_refused() {
+    let server = serve(data(10));
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f");
+    std::fs::write(&src, b"0123456789").unwrap();
+    // http(s) is read-only.
+    let report = ferrio::copy([&src], &server.url, &CopyOptions::new()).unwrap();
+    assert!(matches!(
+        report.errors.first().map(|e| &e.error),
+        Some(Error::InvalidArgument(m)) if m.contains("read-only")
+    ));
+    assert!(RemoteWriter::create(&server.url).is_err());
+    // Directories with URLs: refused before anything is copied.
+    match ferrio::copy(
+        [dir.path()],
+        "s3://bucket/prefix/",
+        &CopyOptions::new().recursive(true),
+    ) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("recursive copy with URLs"), "{m}"),
+        other => panic!("{other:?}"),
     }
 }

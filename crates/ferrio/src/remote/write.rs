@@ -1,0 +1,505 @@
+//! Writing a new object: [`RemoteWriter`], a multipart upload whose parts go up in parallel
+//! while the caller keeps appending, completed only by [`RemoteWriter::close`]. Until then the
+//! object does not exist for anyone: an error, a cancel or a writer dropped without `close`
+//! aborts the upload (the store deletes the parts), so no partial object ever becomes visible.
+//! An object that fits in one part is sent with one plain `PUT` at close instead.
+//!
+//! Also the server-side copy of an object within one store ([`copy_in_store`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::{MultipartUpload, ObjectStore, ObjectStoreScheme, PutPayload};
+use tokio::runtime::Handle;
+use tokio::task::JoinSet;
+
+use crate::config::Settings;
+use crate::error::{Error, Op, Result};
+
+use super::{runtime, store};
+
+/// Smallest part a multipart upload may have (but the last): S3's and GCS's limit.
+pub const MIN_PART_SIZE: usize = 5 << 20;
+
+/// Where the writer is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Taking writes.
+    Open,
+    /// Completed: the object exists.
+    Closed,
+    /// Failed or aborted: the upload is gone and the object was not created.
+    Aborted,
+}
+
+/// A new object in remote storage, written from start to end in successive appends.
+///
+/// Create one with [`RemoteWriter::create`] (`s3://`, `gs://`, `az://` URLs; `http(s)://` is
+/// read-only). Bytes are cut into parts of [`Settings::remote_range_size`] (at least
+/// [`MIN_PART_SIZE`]) and up to [`Settings::remote_concurrency`] parts are uploaded at once while
+/// [`RemoteWriter::write`] returns; a write blocks only while that many are in flight, so the
+/// memory held is about `concurrency × part size`.
+///
+/// [`RemoteWriter::close`] waits for the parts and completes the upload: only then does the
+/// object appear (replacing any object of that name whole). On any error, on
+/// [`RemoteWriter::abort`], on a cancel, or when the writer is dropped without `close`, the upload
+/// is aborted and no object is created.
+///
+/// The blocking calls must not be made from inside an async task of another tokio runtime.
+pub struct RemoteWriter {
+    url: Arc<str>,
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    handle: Handle,
+    part_size: usize,
+    concurrency: usize,
+    /// Bytes not yet handed to a part.
+    pending: Vec<u8>,
+    /// The multipart upload, started when the first part is full.
+    upload: Option<Box<dyn MultipartUpload>>,
+    /// Parts in flight.
+    parts: JoinSet<object_store::Result<()>>,
+    written: u64,
+    state: State,
+    cancelled: Arc<AtomicBool>,
+    external_cancel: Option<Box<dyn Fn() -> bool + Send + Sync>>,
+}
+
+impl std::fmt::Debug for RemoteWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteWriter")
+            .field("url", &self.url)
+            .field("written", &self.written)
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+/// Stops a [`RemoteWriter`] from another thread: its blocked or next call aborts the upload.
+#[derive(Debug, Clone)]
+pub struct WriteCanceller(Arc<AtomicBool>);
+
+impl WriteCanceller {
+    /// Asks the writer to abort; parts in flight are dropped at once.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+impl RemoteWriter {
+    /// Starts a new object at `url` with the settings in force ([`Settings::current`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a malformed URL or a store that cannot be written
+    /// (`http(s)://`). Nothing is sent yet: a missing bucket or a refused write shows at the
+    /// first part or at close.
+    pub fn create(url: &str) -> Result<RemoteWriter> {
+        RemoteWriter::create_with(url, Settings::current())
+    }
+
+    /// Starts a new object at `url` with `settings` (see [`RemoteWriter::create`]).
+    ///
+    /// # Errors
+    /// As for [`RemoteWriter::create`].
+    pub fn create_with(url: &str, settings: Settings) -> Result<RemoteWriter> {
+        let location = store::parse(url)?;
+        if location.scheme == ObjectStoreScheme::Http {
+            return Err(Error::InvalidArgument(format!(
+                "{url}: http(s) URLs are read-only; write to s3://, gs:// or az://"
+            )));
+        }
+        let store = store::build(&location)?;
+        let part_size = usize::try_from(settings.remote_range_size)
+            .unwrap_or(usize::MAX)
+            .max(MIN_PART_SIZE);
+        Ok(RemoteWriter {
+            url: url.into(),
+            store,
+            path: location.path,
+            handle: runtime::handle()?,
+            part_size,
+            concurrency: settings.remote_concurrency.max(1),
+            pending: Vec::new(),
+            upload: None,
+            parts: JoinSet::new(),
+            written: 0,
+            state: State::Open,
+            cancelled: Arc::new(AtomicBool::new(false)),
+            external_cancel: None,
+        })
+    }
+
+    /// The URL the object is written to.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Bytes written so far (the object's size once closed).
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Bytes per part.
+    pub fn part_size(&self) -> usize {
+        self.part_size
+    }
+
+    /// Whether [`RemoteWriter::close`] completed the object.
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// A handle that aborts this writer from another thread.
+    pub fn canceller(&self) -> WriteCanceller {
+        WriteCanceller(self.cancelled.clone())
+    }
+
+    /// Also treats the upload as cancelled whenever `cancelled()` is true (looked at while a
+    /// call waits on the store, every few milliseconds).
+    pub fn cancel_when(&mut self, cancelled: impl Fn() -> bool + Send + Sync + 'static) {
+        self.external_cancel = Some(Box::new(cancelled));
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed) || self.external_cancel.as_ref().is_some_and(|f| f())
+    }
+
+    fn error(&self, offset: u64, len: u64, source: std::io::Error) -> Error {
+        Error::Io {
+            op: Op::Write,
+            path: self.url.as_ref().into(),
+            offset,
+            len,
+            source,
+        }
+    }
+
+    fn check_open(&self) -> Result<()> {
+        match self.state {
+            State::Open => Ok(()),
+            State::Closed => Err(Error::InvalidArgument(format!(
+                "{}: the object is already complete",
+                self.url
+            ))),
+            State::Aborted => Err(Error::InvalidArgument(format!(
+                "{}: the upload was aborted after an error or a cancel; nothing was written",
+                self.url
+            ))),
+        }
+    }
+
+    /// Appends `buf` to the object; returns `buf.len()`. Blocks while
+    /// [`Settings::remote_concurrency`] parts are being uploaded.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the URL when a part failed (after the store's retries);
+    /// [`Error::Cancelled`] after a cancel; [`Error::InvalidArgument`] after close or abort. Any
+    /// error aborts the upload.
+    pub fn write(&mut self, buf: &[u8]) -> Result<usize> {
+        self.check_open()?;
+        let mut rest = buf;
+        while !rest.is_empty() {
+            let take = (self.part_size - self.pending.len()).min(rest.len());
+            self.pending.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            self.written += take as u64;
+            if self.pending.len() == self.part_size {
+                let part = std::mem::take(&mut self.pending);
+                let sent = self.send_part(part);
+                self.or_abort(sent)?;
+            }
+        }
+        Ok(buf.len())
+    }
+
+    /// Writes `buf` at `offset`, which must be where the object ends so far
+    /// ([`RemoteWriter::written`]): object storage takes appends only.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for any other offset (the upload stays open); else as
+    /// [`RemoteWriter::write`].
+    pub fn pwrite(&mut self, buf: &[u8], offset: u64) -> Result<usize> {
+        self.check_open()?;
+        if offset != self.written {
+            return Err(Error::InvalidArgument(format!(
+                "{}: an object is written from start to end; offset {offset} is not its end \
+                 so far ({})",
+                self.url, self.written
+            )));
+        }
+        self.write(buf)
+    }
+
+    /// Runs `work` on the runtime, cut short by a cancel.
+    fn block_on<T>(
+        &self,
+        work: impl std::future::Future<Output = object_store::Result<T>>,
+    ) -> Result<T> {
+        let cancelled = || self.is_cancelled();
+        let offset = self.written;
+        match self
+            .handle
+            .block_on(runtime::unless_cancelled(work, cancelled))
+        {
+            None => Err(Error::Cancelled),
+            Some(Ok(v)) => Ok(v),
+            Some(Err(e)) => Err(self.error(offset, 0, store::io_error(e))),
+        }
+    }
+
+    /// Hands a full part to the upload (starting it if this is the first), after waiting for
+    /// room among the parts in flight.
+    fn send_part(&mut self, part: Vec<u8>) -> Result<()> {
+        if self.upload.is_none() {
+            let store = self.store.clone();
+            let path = self.path.clone();
+            let upload = self.block_on(async move { store.put_multipart(&path).await })?;
+            self.upload = Some(upload);
+        }
+        self.wait_for_parts(self.concurrency - 1)?;
+        if let Some(upload) = self.upload.as_mut() {
+            let put = upload.put_part(PutPayload::from(part));
+            self.parts.spawn_on(put, &self.handle);
+        }
+        Ok(())
+    }
+
+    /// Waits until at most `left` parts are in flight; the first failed part is the error.
+    fn wait_for_parts(&mut self, left: usize) -> Result<()> {
+        while self.parts.len() > left {
+            let mut parts = std::mem::take(&mut self.parts);
+            let joined = self.block_on(async {
+                match parts.join_next().await {
+                    Some(Ok(put)) => put,
+                    Some(Err(e)) => Err(object_store::Error::Generic {
+                        store: "ferrio",
+                        source: Box::new(e),
+                    }),
+                    None => Ok(()),
+                }
+            });
+            self.parts = parts;
+            joined?;
+        }
+        Ok(())
+    }
+
+    /// Completes the object: the last part is sent, every part awaited and the upload completed
+    /// (or, for an object of less than one part, the whole of it sent in one `PUT`). Returns
+    /// the object's size.
+    ///
+    /// # Errors
+    /// As [`RemoteWriter::write`]; the upload is aborted and no object is created.
+    pub fn close(&mut self) -> Result<u64> {
+        self.check_open()?;
+        let done = self.complete();
+        self.or_abort(done)?;
+        self.state = State::Closed;
+        Ok(self.written)
+    }
+
+    fn complete(&mut self) -> Result<()> {
+        let last = std::mem::take(&mut self.pending);
+        if self.upload.is_none() {
+            let (store, path) = (self.store.clone(), self.path.clone());
+            self.block_on(async move { store.put(&path, PutPayload::from(last)).await })?;
+            return Ok(());
+        }
+        if !last.is_empty() {
+            self.send_part(last)?;
+        }
+        self.wait_for_parts(0)?;
+        let mut upload = self.upload.take();
+        let result = match upload.as_mut() {
+            Some(u) => self.block_on(u.complete()).map(|_| ()),
+            None => Ok(()),
+        };
+        if result.is_err() {
+            // Completion failed: the upload still exists, for `abort` to remove.
+            self.upload = upload;
+        }
+        result
+    }
+
+    /// On an error, aborts the upload and passes the error on.
+    fn or_abort<T>(&mut self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            // The error that stopped the write matters more than a failed clean-up.
+            let _ = self.abort();
+        }
+        result
+    }
+
+    /// Abandons the object: parts in flight are dropped and the upload aborted, so nothing is
+    /// created. Harmless after close or a previous abort.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the store refused the abort (its parts may then linger until the
+    /// bucket's lifecycle rules remove them; the object was still not created).
+    pub fn abort(&mut self) -> Result<()> {
+        if self.state != State::Open {
+            return Ok(());
+        }
+        self.state = State::Aborted;
+        self.pending = Vec::new();
+        let mut parts = std::mem::take(&mut self.parts);
+        let Some(mut upload) = self.upload.take() else {
+            return Ok(());
+        };
+        // Not cut short by the cancel flag: the abort is what a cancel asks for.
+        let aborted = self.handle.block_on(async move {
+            parts.shutdown().await;
+            upload.abort().await
+        });
+        aborted.map_err(|e| self.error(self.written, 0, store::io_error(e)))
+    }
+}
+
+impl Drop for RemoteWriter {
+    fn drop(&mut self) {
+        if self.state != State::Open {
+            return;
+        }
+        if Handle::try_current().is_ok() {
+            // Inside an async context a blocking wait would panic: abort in the background.
+            self.state = State::Aborted;
+            let mut parts = std::mem::take(&mut self.parts);
+            if let Some(mut upload) = self.upload.take() {
+                self.handle.spawn(async move {
+                    parts.shutdown().await;
+                    let _ = upload.abort().await;
+                });
+            }
+        } else {
+            // Nobody is told about a failed clean-up on drop; the object was not created.
+            let _ = self.abort();
+        }
+    }
+}
+
+/// Copies the object at `from` to `to` inside the store (no bytes pass through this process)
+/// when both URLs name the same bucket or container; `Ok(false)` when they do not, so the caller
+/// streams the bytes instead.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a malformed URL; [`Error::Io`] naming `from` (not found,
+/// denied) or `to` for another failure.
+pub fn copy_in_store(from: &str, to: &str) -> Result<bool> {
+    let (src, dst) = (store::parse(from)?, store::parse(to)?);
+    let same = src.scheme == dst.scheme
+        && src.scheme != ObjectStoreScheme::Http
+        && src.url.host_str() == dst.url.host_str()
+        && src.url.port() == dst.url.port();
+    if !same {
+        return Ok(false);
+    }
+    let store = store::build(&src)?;
+    let handle = runtime::handle()?;
+    handle
+        .block_on(store.copy(&src.path, &dst.path))
+        .map_err(|e| {
+            let not_found = matches!(e, object_store::Error::NotFound { .. });
+            Error::Io {
+                op: Op::Write,
+                path: if not_found { from } else { to }.into(),
+                offset: 0,
+                len: 0,
+                source: store::io_error(e),
+            }
+        })?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+
+    fn writer(store: Arc<dyn ObjectStore>, part: usize, concurrency: usize) -> RemoteWriter {
+        RemoteWriter {
+            url: "memory:///obj".into(),
+            store,
+            path: Path::from("obj"),
+            handle: runtime::handle().unwrap(),
+            part_size: part,
+            concurrency,
+            pending: Vec::new(),
+            upload: None,
+            parts: JoinSet::new(),
+            written: 0,
+            state: State::Open,
+            cancelled: Arc::new(AtomicBool::new(false)),
+            external_cancel: None,
+        }
+    }
+
+    fn data(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 131 % 251) as u8).collect()
+    }
+
+    fn read(store: &Arc<dyn ObjectStore>) -> Option<Vec<u8>> {
+        let h = runtime::handle().unwrap();
+        h.block_on(async {
+            match store.get(&Path::from("obj")).await {
+                Ok(got) => Some(got.bytes().await.unwrap().to_vec()),
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => panic!("{e}"),
+            }
+        })
+    }
+
+    #[test]
+    fn round_trips_every_size_in_ragged_writes() {
+        const PART: usize = 1000;
+        for n in [0, 1, PART - 1, PART, PART + 1, 7 * PART + 13] {
+            let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+            let mut w = writer(store.clone(), PART, 3);
+            let want = data(n);
+            for piece in want.chunks(333) {
+                assert_eq!(w.write(piece).unwrap(), piece.len());
+            }
+            assert_eq!(read(&store), None, "visible before close ({n} bytes)");
+            assert_eq!(w.close().unwrap(), n as u64);
+            assert_eq!(read(&store).as_deref(), Some(&want[..]), "{n} bytes");
+        }
+    }
+
+    #[test]
+    fn dropped_or_aborted_writer_creates_nothing() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let mut w = writer(store.clone(), 100, 2);
+        w.write(&data(450)).unwrap();
+        drop(w);
+        assert_eq!(read(&store), None);
+
+        let mut w = writer(store.clone(), 100, 2);
+        w.write(&data(450)).unwrap();
+        w.canceller().cancel();
+        w.write(&data(100)).unwrap_err();
+        assert!(matches!(w.close(), Err(Error::InvalidArgument(_))));
+        assert_eq!(read(&store), None);
+    }
+
+    #[test]
+    fn pwrite_only_at_the_end() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let mut w = writer(store.clone(), 100, 2);
+        w.pwrite(b"abc", 0).unwrap();
+        match w.pwrite(b"x", 1) {
+            Err(Error::InvalidArgument(msg)) => assert!(msg.contains("offset 1"), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+        w.pwrite(b"def", 3).unwrap();
+        w.close().unwrap();
+        assert_eq!(read(&store).as_deref(), Some(&b"abcdef"[..]));
+    }
+
+    #[test]
+    fn http_urls_are_read_only() {
+        match RemoteWriter::create("https://example.com/x") {
+            Err(Error::InvalidArgument(msg)) => assert!(msg.contains("read-only"), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,410 @@
+"""Writing remote objects and copying to and from URLs, against moto's S3 server on 127.0.0.1.
+
+Uploads round-trip at every size around the part size; an upload that fails or is interrupted
+leaves no object and no multipart upload behind; ferrio.copy and `ferrio cp` move files between
+local paths and URLs both ways; a failed download leaves no file. A small proxy in front of moto
+injects the failures a real network has (a part refused, a part that never finishes, GETs
+refused). Every case ends within a time bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ferrio
+
+# Every remote call here must end well before this; pytest itself has no timeout plugin here.
+BOUND_S = 60.0
+PART = 5 << 20  # the smallest part S3 takes; the writer's part size in these tests
+
+
+def _data(n: int, seed: int) -> bytes:
+    out = bytearray()
+    block = hashlib.sha256(str(seed).encode()).digest()
+    while len(out) < n:
+        block = hashlib.sha256(block).digest()
+        out += block * 64
+    return bytes(out[:n])
+
+
+def _in_thread(fn: Any) -> Any:
+    """Runs `fn` in a thread and fails the test if it does not return within BOUND_S."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(BOUND_S)
+    assert not t.is_alive(), "remote call did not finish in time"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+# ---------------------------------------------------------------------------------------------
+# moto's S3 server, and a proxy in front of it that misbehaves on request
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+class _Faults:
+    """What the proxy does to the requests it forwards."""
+
+    def __init__(self) -> None:
+        self.fail_parts = False  # UploadPart answers 500 (retried by the client, then fatal)
+        self.stall_parts = False  # UploadPart never answers (until the test ends)
+        self.deny_gets = False  # GET answers 403
+        self.parts_seen = threading.Event()
+        self.release = threading.Event()
+
+
+def _proxy_handler(upstream: str, faults: _Faults) -> type[http.server.BaseHTTPRequestHandler]:
+    host, port = upstream.removeprefix("http://").split(":")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _reply(self, status: int) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def _forward(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n) if n else b""
+            is_part = self.command == "PUT" and "partNumber=" in self.path
+            if is_part:
+                faults.parts_seen.set()
+                if faults.stall_parts:
+                    faults.release.wait(BOUND_S)
+                    return
+                if faults.fail_parts:
+                    self._reply(500)
+                    return
+            if self.command == "GET" and faults.deny_gets and "Range" in self.headers:
+                self._reply(403)
+                return
+            conn = http.client.HTTPConnection(host, int(port), timeout=BOUND_S)
+            try:
+                conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+                for k, v in self.headers.items():
+                    if k.lower() not in ("content-length", "connection"):
+                        conn.putheader(k, v)
+                conn.putheader("Content-Length", str(len(body)))
+                conn.endheaders(body)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", length or str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+            finally:
+                conn.close()
+
+        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+    return Handler
+
+
+@pytest.fixture
+def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A boto3 client on moto with a fresh bucket; ferrio talks to moto through a proxy
+    (`s3.faults` says how it misbehaves)."""
+    boto3 = pytest.importorskip("boto3")
+    faults = _Faults()
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _proxy_handler(moto_endpoint, faults))
+    proxy.daemon_threads = True
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    for k in list(os.environ):
+        if k.startswith("AWS_") or k.startswith("FERRIO_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.server_address[1]}")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    bucket = f"ferrio-w-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    client.create_bucket(Bucket=bucket)
+    client.ferrio_bucket = bucket
+    client.faults = faults
+    try:
+        yield client
+    finally:
+        faults.release.set()
+        proxy.shutdown()
+        proxy.server_close()
+
+
+def _get(s3: Any, key: str, bucket: str | None = None) -> bytes | None:
+    try:
+        got = s3.get_object(Bucket=bucket or s3.ferrio_bucket, Key=key)
+    except s3.exceptions.NoSuchKey:
+        return None
+    body: bytes = got["Body"].read()
+    return body
+
+
+def _uploads(s3: Any, bucket: str | None = None) -> list[Any]:
+    listed = s3.list_multipart_uploads(Bucket=bucket or s3.ferrio_bucket)
+    uploads: list[Any] = listed.get("Uploads", [])
+    return uploads
+
+
+# ---------------------------------------------------------------------------------------------
+# ferrio.open(url, "w")
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, PART - 1, PART, 3 * PART + 12345])
+def test_upload_round_trip(s3: Any, size: int) -> None:
+    data = _data(size, seed=size)
+    key = f"up/{size}.bin"
+    url = f"s3://{s3.ferrio_bucket}/{key}"
+
+    def upload() -> None:
+        with ferrio.open_url(url, "w", range_size="5MiB", concurrency=3) as w:
+            assert isinstance(w, ferrio.RemoteWriter)
+            step = (1 << 20) + 7  # writes that straddle the parts
+            for i in range(0, len(data), step):
+                assert w.write(memoryview(data)[i : i + step]) == min(step, len(data) - i)
+            assert w.tell() == size
+            # Nothing is visible until the writer is closed.
+            assert _get(s3, key) is None
+
+    _in_thread(upload)
+    assert _get(s3, key) == data
+    assert _uploads(s3) == []
+    with ferrio.open(url) as f:
+        buf = bytearray(f.size)
+        assert f.read(buf) == size
+        assert bytes(buf) == data
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_exception_inside_with_leaves_nothing(s3: Any, exc: type[BaseException]) -> None:
+    url = f"s3://{s3.ferrio_bucket}/aborted.bin"
+    data = _data(3 * PART, seed=7)
+
+    def upload() -> None:
+        with ferrio.open(url, "w") as w:
+            w.write(data)
+            assert _uploads(s3) != []  # parts went up: there is an upload to abort
+            raise exc("stop")
+
+    with pytest.raises(exc):
+        _in_thread(upload)
+    assert _get(s3, "aborted.bin") is None
+    assert _uploads(s3) == []
+
+
+def test_explicit_abort_and_use_after_close(s3: Any) -> None:
+    url = f"s3://{s3.ferrio_bucket}/abort.bin"
+    w = ferrio.open_url(url, "w", range_size="5MiB")
+    w.write(_data(2 * PART + 1, seed=8))
+    _in_thread(w.abort)
+    assert w.closed
+    with pytest.raises(ValueError):
+        w.write(b"more")
+    assert _get(s3, "abort.bin") is None
+    assert _uploads(s3) == []
+
+
+def test_failing_part_leaves_nothing(s3: Any) -> None:
+    s3.faults.fail_parts = True
+    url = f"s3://{s3.ferrio_bucket}/failed.bin"
+
+    def upload() -> None:
+        with ferrio.open_url(url, "w", range_size="5MiB") as w:
+            w.write(_data(3 * PART, seed=9))
+
+    with pytest.raises(OSError) as e:
+        _in_thread(upload)
+    assert e.value.filename == url
+    assert _get(s3, "failed.bin") is None
+    assert _uploads(s3) == []
+
+
+def test_write_to_missing_bucket_is_file_not_found(s3: Any) -> None:
+    url = "s3://no-such-bucket-ferrio/x.bin"
+    with pytest.raises(FileNotFoundError) as e, ferrio.open(url, "w") as w:
+        w.write(b"hello")
+    assert e.value.filename == url
+
+
+def test_http_urls_and_bad_modes_are_refused() -> None:
+    with pytest.raises(ValueError, match="read-only"):
+        ferrio.open("https://example.com/object.bin", "w")
+    with pytest.raises(ValueError, match="read-only"):
+        ferrio.open_url("http://127.0.0.1:9/object.bin", "w")
+    with pytest.raises(ValueError, match='not "a"'):
+        ferrio.open("s3://bucket/key", "a")
+    with pytest.raises(ValueError):
+        ferrio.open("s3://bucket-only", "w")
+
+
+# ---------------------------------------------------------------------------------------------
+# ferrio.copy and ferrio cp with URLs
+# ---------------------------------------------------------------------------------------------
+
+
+def test_copy_local_to_s3_and_back(s3: Any, tmp_path: Path) -> None:
+    data = _data(2 * PART + 999, seed=11)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    url = f"s3://{s3.ferrio_bucket}/copied/src.bin"
+    report = _in_thread(lambda: ferrio.copy(str(src), url))
+    assert report["files"] == 1 and report["bytes"] == len(data)
+    assert _get(s3, "copied/src.bin") == data
+
+    # Into a prefix: named after the source.
+    _in_thread(lambda: ferrio.copy(src, f"s3://{s3.ferrio_bucket}/prefix/"))
+    assert _get(s3, "prefix/src.bin") == data
+
+    back = tmp_path / "back.bin"
+    _in_thread(lambda: ferrio.copy(url, str(back)))
+    assert back.read_bytes() == data
+    # Into a directory: named after the key.
+    into = tmp_path / "dir"
+    into.mkdir()
+    _in_thread(lambda: ferrio.copy(url, into))
+    assert (into / "src.bin").read_bytes() == data
+
+
+def test_copy_s3_to_s3_same_and_other_bucket(s3: Any) -> None:
+    data = _data(PART + 5, seed=12)
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="a.bin", Body=data)
+    src = f"s3://{s3.ferrio_bucket}/a.bin"
+    _in_thread(lambda: ferrio.copy(src, f"s3://{s3.ferrio_bucket}/b.bin"))
+    assert _get(s3, "b.bin") == data
+    other = s3.ferrio_bucket + "-2"
+    s3.create_bucket(Bucket=other)
+    _in_thread(lambda: ferrio.copy(src, f"s3://{other}/c.bin"))
+    assert _get(s3, "c.bin", bucket=other) == data
+
+
+def test_failed_download_leaves_no_file(s3: Any, tmp_path: Path) -> None:
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="d.bin", Body=_data(PART, seed=13))
+    s3.faults.deny_gets = True
+    dst = tmp_path / "d.bin"
+    with pytest.raises(PermissionError):
+        _in_thread(lambda: ferrio.copy(f"s3://{s3.ferrio_bucket}/d.bin", dst))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_copy_missing_and_recursive(s3: Any, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        ferrio.copy(f"s3://{s3.ferrio_bucket}/missing.bin", tmp_path / "x")
+    with pytest.raises(ValueError, match="recursive copy with URLs is not supported yet"):
+        ferrio.copy(tmp_path, f"s3://{s3.ferrio_bucket}/tree/", recursive=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ferrio._cli", *args]
+
+
+def test_cli_cp_json_both_ways(s3: Any, tmp_path: Path) -> None:
+    data = _data(PART + 3, seed=14)
+    src = tmp_path / "cli.bin"
+    src.write_bytes(data)
+    url = f"s3://{s3.ferrio_bucket}/cli.bin"
+    out = subprocess.run(
+        _cli("cp", str(src), url, "--json"),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["files"] == 1 and summary["bytes"] == len(data)
+    assert _get(s3, "cli.bin") == data
+    back = tmp_path / "cli-back.bin"
+    out = subprocess.run(
+        _cli("cp", url, str(back), "--json"),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+    )
+    assert out.returncode == 0, out.stderr
+    assert back.read_bytes() == data
+    out = subprocess.run(
+        _cli("cp", url + ".missing", str(back)),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+    )
+    assert out.returncode == 2
+    assert "cli.bin.missing" in out.stderr
+
+
+def test_cli_cp_ctrl_c_during_upload_leaves_nothing(s3: Any, tmp_path: Path) -> None:
+    s3.faults.stall_parts = True
+    src = tmp_path / "big.bin"
+    src.write_bytes(_data(4 * PART, seed=15))
+    url = f"s3://{s3.ferrio_bucket}/big.bin"
+    env = dict(os.environ, FERRIO_REMOTE_RANGE_SIZE="5MiB")
+    proc = subprocess.Popen(
+        _cli("cp", str(src), url),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert s3.faults.parts_seen.wait(BOUND_S), "no part reached the server"
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=BOUND_S)
+        took = time.monotonic() - t0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert took < 2.0, f"exit took {took:.2f} s after SIGINT"
+    assert _get(s3, "big.bin") is None
+    assert _uploads(s3) == []
