@@ -98,3 +98,19 @@ def test_bf16_model_round_trips_through_ferrio_save_file(tmp_path):
     fresh = tiny_llama(seed=1).to(torch.bfloat16)
     fresh.load_state_dict(fst.load_file(ours), strict=True)
     assert torch.equal(logits(fresh), logits(model))
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_model_loads_onto_the_gpu(tmp_path, sharded):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    model = tiny_llama(seed=0)
+    save(model, tmp_path, **({"max_shard_size": "100KB"} if sharded else {}))
+    state = fst.load_file(tmp_path, device="cuda:0")
+    assert all(t.is_cuda for t in state.values())
+    expected = {}
+    for shard in sorted(tmp_path.glob("*.safetensors")):
+        expected.update(st_torch.load_file(shard, device="cuda:0"))
+    same_tensors(state, expected)
+    # The outputs are compared on the CPU, where the kernels are the same for both models.
+    check_loads_into_a_fresh_model(model, {k: v.cpu() for k, v in state.items()})
