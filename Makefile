@@ -4,7 +4,12 @@ CARGO ?= cargo
 PYTHON ?= python3
 BENCH_ARGS ?= --compare
 # moto[server]: the local S3 server of the remote-object tests (python/tests/test_remote.py).
-PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors "moto[server]"
+# transformers and torch: the checkpoint interop tests (test_safetensors.py, test_transformers_interop.py).
+PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors "moto[server]" transformers \
+	filelock typing-extensions sympy networkx jinja2 fsspec
+# torch without its dependencies: PyPI's build pulls 4 GiB of CUDA and triton libraries that the
+# host tests never load (its CPU parts import without them); its own Python dependencies are above.
+PY_TORCH := torch
 
 .PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-python install \
 	build gpu-wheel gpu-test
@@ -20,8 +25,9 @@ deps-system:
 	  $$S apt-get update -qq && $$S apt-get install -y -qq fio >/dev/null; }
 
 deps-python:
-	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff, hypothesis, safetensors, moto.server" 2>/dev/null || \
+	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff, hypothesis, safetensors, moto.server, transformers, sympy, networkx, jinja2" 2>/dev/null || \
 	  $(PYTHON) -m pip install -q $(PY_TOOLS)
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q --no-deps $(PY_TORCH)
 
 # The Python package, with the `ferrio` command (a release build of the whole engine).
 install: deps-python

@@ -3,11 +3,16 @@
 
 Part 1, the CUDA driver alone (ctypes, no ferrio): how long pinned host memory takes to get,
 as many 4 MiB `cuMemHostAlloc` calls one after the other, the same from 16 threads at once, one
-large call, and `cuMemHostRegister` of ordinary memory. Part 2, ferrio in fresh processes: the
-first read of a page-cache-warm file into a CuPy array, against the second, with and without a
-small read first (which pays the set-up).
+large call, and `cuMemHostRegister` of ordinary memory (`--no-driver` skips it). Part 2, ferrio
+in fresh processes: the first read of a page-cache-warm file into a CuPy array against the
+second, for each variant of the ring set-up (`--variants`; each a set of `FERRIO_*` variables),
+variants alternating round by round, medians. Every child runs with `FERRIO_TRACE=1`; the
+timeline of its first read is summarised per variant (when the last worker had its ring, its
+first copy, the pinning done on the critical path and in the background, waits), and the
+per-thread timeline of one child per variant is printed (`--timelines 0` leaves it out).
 
-    python3 benchmarks/first_call.py FILE [--mib-per-buffer 4] [--buffers 32]
+    python3 benchmarks/first_call.py FILE [--rounds 5] [--variants eager,background,eager-1buf]
+        [--small] [--mib-per-buffer 4] [--buffers 32] [--json OUT]
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -32,13 +39,103 @@ with ferrio.open(path) as f:
     out = {}
     if small:
         t = time.perf_counter(); f.read(arr[: 64 << 20]); out["small_s"] = time.perf_counter() - t
-    for name in ("first_s", "second_s"):
-        t = time.perf_counter(); n = f.read(arr); cp.cuda.runtime.deviceSynchronize()
-        out[name] = time.perf_counter() - t
+    for name in ("first", "second"):
+        # time.monotonic is CLOCK_MONOTONIC, the clock of the FERRIO_TRACE lines.
+        t0 = time.monotonic(); n = f.read(arr); cp.cuda.runtime.deviceSynchronize()
+        t1 = time.monotonic()
+        out[name + "_s"] = t1 - t0
+        out[name + "_at"] = [t0, t1]
         assert n == size
     out["gib"] = size / (1 << 30)
 print(json.dumps(out))
 """
+
+# Variants of the ring set-up: name -> FERRIO_* variables (on top of the defaults).
+VARIANTS = {
+    "eager": {},
+    "background": {"FERRIO_BOUNCE_GROW_IN_BACKGROUND": "on"},
+    "eager-1buf": {"FERRIO_BOUNCE_BUFFERS": "1"},
+    "background-4x2MiB": {
+        "FERRIO_BOUNCE_GROW_IN_BACKGROUND": "on",
+        "FERRIO_BOUNCE_BUFFERS": "4",
+        "FERRIO_BOUNCE_BUFFER_SIZE": "2MiB",
+    },
+    "eager-2x2MiB": {"FERRIO_BOUNCE_BUFFER_SIZE": "2MiB"},
+}
+
+
+def parse_trace(stderr: str) -> list[tuple[float, float, int, str, int]]:
+    """The FERRIO_TRACE lines: (start s, duration ms, thread, what, amount)."""
+    events = []
+    for line in stderr.splitlines():
+        parts = line.split()
+        if len(parts) == 6 and parts[0] == "ferrio-trace":
+            events.append(
+                (float(parts[1]), float(parts[2]), int(parts[3]), parts[4], int(parts[5]))
+            )
+    return events
+
+
+def summarise(events: list, at: list[float]) -> dict:
+    """What the trace says about one read that ran from at[0] to at[1] (ms from its start)."""
+    t0, t1 = at
+    inside = [e for e in events if t0 - 1e-4 <= e[0] <= t1]
+    ms = lambda t: (t - t0) * 1e3  # noqa: E731
+    workers = sorted({e[2] for e in inside if e[3] == "task"})
+    first_task = [min(e[0] for e in inside if e[2] == w and e[3] == "task") for w in workers]
+    rings = [e for e in inside if e[3] == "ring"]
+    copies = {}
+    for e in inside:
+        if e[3] == "copy" and e[2] not in copies:
+            copies[e[2]] = e[0]
+    pins_worker = [e for e in inside if e[3] == "pin" and e[2] in workers]
+    pins_bg = [e for e in inside if e[3] == "pin" and e[2] not in workers]
+    adopt = [e for e in inside if e[3] == "adopt"]
+    waits = [e for e in inside if e[3] == "wait"]
+    settle = [e for e in inside if e[3] == "settle"]
+    tasks = [e for e in inside if e[3] == "task"]
+    out = {
+        "workers": len(workers),
+        "tasks": len(tasks),
+        "first_task_ms_max": round(max(map(ms, first_task)), 2) if first_task else None,
+        "ring_ready_ms_max": round(max(ms(e[0]) + e[1] for e in rings), 2) if rings else None,
+        "ring_ms_sum": round(sum(e[1] for e in rings), 2),
+        "first_copy_ms_median": (
+            round(statistics.median(map(ms, copies.values())), 2) if copies else None
+        ),
+        "first_copy_ms_max": round(max(map(ms, copies.values())), 2) if copies else None,
+        "pins_on_workers": len(pins_worker),
+        "pin_ms_on_workers": round(sum(e[1] for e in pins_worker), 2),
+        "pins_in_background": len(pins_bg),
+        "pin_ms_in_background": round(sum(e[1] for e in pins_bg), 2),
+        "last_adopt_ms": round(max(ms(e[0]) for e in adopt), 2) if adopt else None,
+        "zero_ms": round(sum(e[1] for e in inside if e[3] == "zero"), 2),
+        "stream_ms": round(sum(e[1] for e in inside if e[3] == "stream"), 2),
+        "event_ms": round(sum(e[1] for e in inside if e[3] == "event"), 2),
+        "bind_ms": round(sum(e[1] for e in inside if e[3] == "bind"), 2),
+        "waits_traced": len(waits),
+        "wait_ms_traced": round(sum(e[1] for e in waits), 2),
+        "last_task_end_ms": round(max(ms(e[0]) + e[1] for e in tasks), 2) if tasks else None,
+        "settle_ms_max": round(max(e[1] for e in settle), 2) if settle else None,
+        "read_ms": round((t1 - t0) * 1e3, 2),
+    }
+    return out
+
+
+def timeline(events: list, at: list[float]) -> str:
+    """One line per thread of the read from at[0]: each event as what@start_ms(duration_ms)."""
+    t0, t1 = at
+    by_thread: dict[int, list] = {}
+    for e in events:
+        if t0 - 1e-4 <= e[0] <= t1 and e[3] not in ("task", "settle"):
+            by_thread.setdefault(e[2], []).append(e)
+    lines = []
+    for th, evs in sorted(by_thread.items(), key=lambda kv: kv[1][0][0]):
+        evs.sort()
+        tasks = [e for e in events if e[2] == th and e[3] == "task" and t0 <= e[0] <= t1]
+        parts = [f"{e[3]}@{(e[0] - t0) * 1e3:.2f}({e[1]:.2f})" for e in evs]
+        lines.append(f"  thread {th}: {len(tasks)} tasks; " + " ".join(parts))
+    return "\n".join(lines)
 
 
 def driver() -> ctypes.CDLL:
@@ -111,36 +208,96 @@ def part_driver(buf_mib: int, count: int) -> dict:
     return res
 
 
+def run_child(path: str, small: bool, env_extra: dict) -> tuple[dict, list]:
+    env = dict(os.environ, FERRIO_TRACE="1", **env_extra)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, path, str(int(small))],
+        capture_output=True, text=True, check=False, env=env,
+    )  # fmt: skip
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    res = json.loads(line[-1]) if line else {"error": r.stderr[-400:]}
+    return res, parse_trace(r.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("file")
     ap.add_argument("--mib-per-buffer", type=int, default=4)
     ap.add_argument("--buffers", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--variants", default="eager,background,eager-1buf,background-4x2MiB")
+    ap.add_argument("--small", action="store_true", help="also a 64 MiB read before the first")
+    ap.add_argument("--no-driver", action="store_true", help="skip part 1")
+    ap.add_argument("--timelines", type=int, default=1, help="per-thread timelines per variant")
+    ap.add_argument("--json", help="write every result here")
     args = ap.parse_args()
-    out: dict = {"driver": part_driver(args.mib_per_buffer, args.buffers), "ferrio": []}
+    names = args.variants.split(",")
+    for n in names:
+        if n not in VARIANTS:
+            sys.exit(f"unknown variant {n!r}; known: {', '.join(VARIANTS)}")
+    out: dict = {"driver": {}, "ferrio": {n: [] for n in names}}
+    if not args.no_driver:
+        out["driver"] = part_driver(args.mib_per_buffer, args.buffers)
     subprocess.run(["dd", f"if={args.file}", "of=/dev/null", "bs=16M", "status=none"], check=True)
-    for _ in range(args.rounds):
-        for small in (0, 1):
-            r = subprocess.run(
-                [sys.executable, "-c", CHILD, args.file, str(small)],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
-            line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-            res = json.loads(line[-1]) if line else {"error": r.stderr[-400:]}
-            res["small_first"] = bool(small)
-            out["ferrio"].append(res)
-            if "gib" in res:
-                g = res["gib"]
-                print(
-                    f"ferrio fresh process, small read first={bool(small)}: "
-                    f"small {res.get('small_s', 0) * 1e3:.1f} ms, "
-                    f"first {g / res['first_s']:.2f} GiB/s, second {g / res['second_s']:.2f} GiB/s",
-                    flush=True,
-                )
-            else:
-                print(res, flush=True)
-    print(json.dumps(out))
+    shown = {n: 0 for n in names}
+    for rnd in range(args.rounds):
+        # Alternate the order too, so no variant always runs right after the same other one.
+        order = names if rnd % 2 == 0 else names[::-1]
+        for name in order:
+            res, events = run_child(args.file, args.small, VARIANTS[name])
+            res["round"] = rnd
+            if "gib" not in res:
+                print(name, res, flush=True)
+                out["ferrio"][name].append(res)
+                continue
+            g = res["gib"]
+            res["trace_first"] = summarise(events, res["first_at"])
+            res["trace_second"] = summarise(events, res["second_at"])
+            out["ferrio"][name].append(res)
+            tf = res["trace_first"]
+            print(
+                f"{name:<20} round {rnd}: first {g / res['first_s']:.2f} GiB/s "
+                f"({res['first_s'] * 1e3:.1f} ms), second {g / res['second_s']:.2f} "
+                f"({res['second_s'] * 1e3:.1f} ms), ratio {res['second_s'] / res['first_s']:.3f}; "
+                f"last ring ready {tf['ring_ready_ms_max']} ms, last first copy "
+                f"{tf['first_copy_ms_max']} ms, pinning on workers {tf['pin_ms_on_workers']} ms "
+                f"({tf['pins_on_workers']}), in background {tf['pin_ms_in_background']} ms "
+                f"({tf['pins_in_background']})",
+                flush=True,
+            )
+            if shown[name] < args.timelines:
+                shown[name] += 1
+                print(f"timeline of {name}'s first read (ms from its start: what@start(duration)):")
+                print(timeline(events, res["first_at"]), flush=True)
+    print("\nmedians, fresh process per row; ratio = first-read rate / second-read rate (>= 0.9):")
+    head = f"{'variant':<20} {'first GiB/s':>11} {'second':>8} {'ratio':>6}"
+    print(head + "  trace of the first read (medians)")
+    for name in names:
+        ok = [r for r in out["ferrio"][name] if "gib" in r]
+        if not ok:
+            print(f"{name:<20} no result")
+            continue
+        g = ok[0]["gib"]
+        first = statistics.median(r["first_s"] for r in ok)
+        second = statistics.median(r["second_s"] for r in ok)
+        ratio = statistics.median(r["second_s"] / r["first_s"] for r in ok)
+        keys = (
+            "ring_ready_ms_max", "first_copy_ms_max", "pin_ms_on_workers", "pin_ms_in_background",
+            "last_adopt_ms", "zero_ms", "wait_ms_traced", "settle_ms_max",
+        )  # fmt: skip
+        med = {}
+        for k in keys:
+            vals = [r["trace_first"][k] for r in ok if r["trace_first"].get(k) is not None]
+            med[k] = round(statistics.median(vals), 2) if vals else None
+        print(f"{name:<20} {g / first:>11.2f} {g / second:>8.2f} {ratio:>6.3f}  {med}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh)
+    times = {
+        n: [{k: r.get(k) for k in ("first_s", "second_s")} for r in v]
+        for n, v in out["ferrio"].items()
+    }
+    print(json.dumps(times))
 
 
 if __name__ == "__main__":

@@ -37,15 +37,15 @@ impl<E: CopyEngine + PartialEq> RingSet<E> {
         }
     }
 
-    /// The ring for `engine`, made with `settings` (buffer size, depth and pinned cap) if there
-    /// is none or the one there was made with other sizes.
+    /// The ring for `engine`, made with `settings` (buffer size, depth, pinned cap, and whether
+    /// it grows in the background) if there is none or the one there was made with other sizes.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a buffer size that does not fit in memory; otherwise the
     /// errors of [`BounceRing::new`].
     pub fn ring(&mut self, engine: &E, settings: &Settings) -> Result<&mut BounceRing<E>>
     where
-        E: Clone,
+        E: Clone + Send + 'static,
     {
         let buffer_len = usize::try_from(settings.bounce_buffer_size)
             .unwrap_or(usize::MAX)
@@ -69,7 +69,12 @@ impl<E: CopyEngine + PartialEq> RingSet<E> {
                 return Ok(&mut self.rings[pos]);
             }
         }
-        let ring = BounceRing::new(engine.clone(), buffer_len, depth, self.budget.clone())?;
+        let budget = self.budget.clone();
+        let ring = if settings.bounce_grow_in_background {
+            BounceRing::new_growing_in_background(engine.clone(), buffer_len, depth, budget)?
+        } else {
+            BounceRing::new(engine.clone(), buffer_len, depth, budget)?
+        };
         self.rings.push(ring);
         let last = self.rings.len() - 1;
         Ok(&mut self.rings[last])

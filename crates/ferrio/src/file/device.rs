@@ -79,11 +79,13 @@ impl File {
         if direction == Direction::Write {
             self.extend_for_direct_write(offset, len, tasks.len())?;
         }
+        bounce::trace::record("request", bounce::trace::start(), len as u64);
         let file = self.clone();
         let run = Box::new(move |w: &mut Worker, t: &Task| {
             let at = DevicePtr(ptr.0 + t.buf_offset as u64);
             let settings = &file.inner.settings;
-            if direction == Direction::Read {
+            let task_started = bounce::trace::start();
+            let result = if direction == Direction::Read {
                 // The last copies may still run when the task returns: the worker reads its
                 // next task meanwhile, and the request completes once they have finished.
                 let started = bounce::start_read_to_device(
@@ -100,7 +102,12 @@ impl File {
                 );
                 w.leave_running(
                     context.id(),
-                    Box::new(move || bounce::finish_thread_ring(context)),
+                    Box::new(move || {
+                        let started = bounce::trace::start();
+                        let finished = bounce::finish_thread_ring(context);
+                        bounce::trace::record("settle", started, 0);
+                        finished
+                    }),
                 );
                 started
             } else {
@@ -116,7 +123,9 @@ impl File {
                         unsafe { file.write_task(w, buf.as_ptr(), &chunk) }.map(|_| ())
                     },
                 )
-            }
+            };
+            bounce::trace::record("task", task_started, t.len as u64);
+            result
         });
         // Device tasks never run inline: the caller's thread has no bounce ring to spare.
         let mut request = Request {

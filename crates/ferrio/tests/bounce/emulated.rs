@@ -551,3 +551,165 @@ fn pinned_cap_holds_under_concurrency() {
     assert_eq!(device.pinned_allocations(), 0);
     assert_eq!(device.violations(), Vec::<String>::new());
 }
+
+/// Reads `data` through `ring` into fresh emulated device memory and checks every byte.
+fn read_and_check(ring: &mut BounceRing<EmulatedDevice>, device: &EmulatedDevice, data: &[u8]) {
+    let dst = device.alloc_device(data.len()).expect("alloc");
+    let got = ring
+        .read_to_device(dst, data.len(), 0, &mut |buf, off| {
+            let off = off as usize;
+            buf.copy_from_slice(&data[off..off + buf.len()]);
+            Ok(buf.len())
+        })
+        .expect("read");
+    assert_eq!(got, data.len());
+    assert_bytes_eq(
+        &device.read_device(dst, data.len()).expect("read"),
+        data,
+        "growing ring",
+    );
+    device.free_device(dst).expect("free");
+}
+
+/// A ring growing in the background copies through its first buffer at once, takes over the
+/// others as they are pinned (between chunks, mid-read), lands every byte, and gives everything
+/// back when dropped.
+#[test]
+fn ring_grows_in_the_background() {
+    let device = EmulatedDevice::new(Duration::from_micros(100));
+    let b = 4096usize;
+    let budget = Arc::new(PinnedBudget::new(u64::MAX));
+    let mut ring =
+        BounceRing::new_growing_in_background(device.clone(), b, 4, budget.clone()).expect("ring");
+    assert!(ring.buffers() >= 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut round = 0u64;
+    while ring.buffers() < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ring never grew to its depth"
+        );
+        let data = random_bytes(9 * b + 123, round);
+        read_and_check(&mut ring, &device, &data);
+        round += 1;
+    }
+    assert_eq!(ring.buffers(), 4);
+    assert_eq!(budget.used(), 4 * b as u64);
+    // With the ring full, reading a chunk overlaps the copies of the chunks before it (up to
+    // three of them with four buffers), as in an eagerly made ring.
+    let data = random_bytes(40 * b, 99);
+    let dst = device.alloc_device(data.len()).expect("alloc");
+    let mut overlapped = 0;
+    ring.read_to_device(dst, data.len(), 0, &mut |buf, off| {
+        overlapped = overlapped.max(device.copies_in_flight());
+        let off = off as usize;
+        buf.copy_from_slice(&data[off..off + buf.len()]);
+        Ok(buf.len())
+    })
+    .expect("read");
+    assert_bytes_eq(
+        &device.read_device(dst, data.len()).expect("read"),
+        &data,
+        "full",
+    );
+    device.free_device(dst).expect("free");
+    assert!(
+        overlapped >= 2,
+        "at most {overlapped} copies ran while a chunk was read"
+    );
+    drop(ring);
+    assert_eq!(budget.used(), 0);
+    assert_eq!(device.pinned_allocations(), 0, "pinned memory leaked");
+    assert_eq!((device.live_streams(), device.live_events()), (0, 0));
+    assert_eq!(device.violations(), Vec::<String>::new());
+}
+
+/// A ring dropped while its buffers are still being pinned frees those too, and the budget
+/// gets every byte back.
+#[test]
+fn ring_dropped_while_growing_frees_everything() {
+    let device = EmulatedDevice::default();
+    let budget = Arc::new(PinnedBudget::new(u64::MAX));
+    for _ in 0..20 {
+        let ring =
+            BounceRing::new_growing_in_background(device.clone(), 1 << 16, 16, budget.clone())
+                .expect("ring");
+        drop(ring);
+        assert_eq!(budget.used(), 0);
+        assert_eq!(device.pinned_allocations(), 0, "pinned memory leaked");
+    }
+    assert_eq!(device.live_events(), 0);
+}
+
+/// Rings growing in the background against one small budget: pinned bytes never pass the cap
+/// plus one buffer per ring, every byte lands, and all pinned memory comes back.
+#[test]
+fn background_growth_keeps_the_pinned_cap() {
+    let device = EmulatedDevice::new(Duration::from_micros(100));
+    let b = 4096usize;
+    let threads = 8;
+    let limit = 6 * b as u64;
+    let budget = Arc::new(PinnedBudget::new(limit));
+    let peak = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (device, budget, peak) = (device.clone(), budget.clone(), &peak);
+            s.spawn(move || {
+                for round in 0..5u64 {
+                    let mut ring =
+                        BounceRing::new_growing_in_background(device.clone(), b, 4, budget.clone())
+                            .expect("ring");
+                    let len = 11 * b + t;
+                    let dst = device.alloc_device(len).expect("alloc");
+                    let data = random_bytes(len, (t as u64) << 8 | round);
+                    let got = ring
+                        .read_to_device(dst, len, 0, &mut |buf, off| {
+                            peak.fetch_max(budget.used(), Ordering::Relaxed);
+                            let off = off as usize;
+                            buf.copy_from_slice(&data[off..off + buf.len()]);
+                            Ok(buf.len())
+                        })
+                        .expect("read");
+                    assert_eq!(got, len);
+                    assert_bytes_eq(&device.read_device(dst, len).expect("read"), &data, "cap");
+                    device.free_device(dst).expect("free");
+                }
+            });
+        }
+    });
+    let peak = peak.load(Ordering::Relaxed);
+    assert!(
+        peak <= limit + (threads * b) as u64,
+        "pinned peak {peak} above cap {limit} + one buffer per ring"
+    );
+    assert_eq!(budget.used(), 0);
+    assert_eq!(device.pinned_allocations(), 0);
+    assert_eq!(device.violations(), Vec::<String>::new());
+}
+
+/// The setting makes a ring set's rings grow in the background.
+#[test]
+fn ring_set_grows_in_the_background_when_asked() {
+    let device = EmulatedDevice::new(Duration::from_micros(50));
+    let budget = Arc::new(PinnedBudget::new(u64::MAX));
+    let mut set = RingSet::new(budget.clone());
+    let mut settings = Settings::default();
+    settings.bounce_buffer_size = 4096;
+    settings.bounce_buffers = 3;
+    settings.bounce_grow_in_background = true;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut round = 0;
+    loop {
+        let ring = set.ring(&device, &settings).expect("ring");
+        if ring.buffers() == 3 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never grew");
+        read_and_check(ring, &device, &random_bytes(7 * 4096, round));
+        round += 1;
+    }
+    assert_eq!(set.len(), 1);
+    set.clear();
+    assert_eq!(budget.used(), 0);
+    assert_eq!(device.pinned_allocations(), 0);
+}

@@ -31,7 +31,7 @@ pub trait DeviceMem {
 /// A device to run the suite on.
 pub trait Harness {
     /// The engine under test.
-    type Engine: CopyEngine + Clone + PartialEq;
+    type Engine: CopyEngine + Clone + PartialEq + Send + 'static;
     /// A fresh handle to the engine.
     fn engine(&self) -> Self::Engine;
     /// `len` bytes of device memory, freed on drop.
