@@ -65,7 +65,7 @@ test: lint rust-test py-test
 # --- The GPU machine (no Rust toolchain there): build here, carry .carry/, run there. ---
 # Here: the abi3 wheel (Python 3.11 here, 3.12 there), the CLI and the release test binary.
 gpu-wheel: deps-python
-	rm -rf .carry/wheels && $(PYTHON) -m maturin build --release --out .carry/wheels
+	rm -rf .carry/wheels && $(PYTHON) -m maturin build --release --strip --out .carry/wheels
 	$(CARGO) build --release -p ferrio-cli
 	$(CARGO) build --release -p ferrio --example ring_throughput
 	mkdir -p .carry/bin && cp target/release/ferrio target/release/examples/ring_throughput .carry/bin/

@@ -3,7 +3,8 @@
 # wheels, the Rust and Python GPU tests, the memory-pool tests and benchmarks, the file -> GPU
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
-#   bash benchmarks/gpu_all.sh [STEP...]   steps: tests memory sweep compare checkpoint policy cligpu multidrive
+#   bash benchmarks/gpu_all.sh [STEP...]
+#   steps: tests memory sweep compare checkpoint policy cligpu firstcall save multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
 ROOT=$PWD
@@ -16,7 +17,9 @@ STEPS=" ${*:-tests memory compare multidrive} "
 want() { [[ $STEPS == *" $1 "* ]]; }
 
 step install
+# .carry/tf (transformers and the parts of its stack the machine lacks) only where carried.
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/wheels/*.whl .carry/peers/*.whl \
+  $(ls .carry/tf/*.whl 2>/dev/null) \
   >"$LOGS/pip.log" 2>&1 || { tail "$LOGS/pip.log" | tee -a "$S"; }
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; free -g | head -2; df -h /root | tail -1; command -v fio || echo "no fio"; uname -r; } >>"$S" 2>&1
@@ -90,6 +93,27 @@ timeout "${CKPT_TIMEOUT:-420}" python3 benchmarks/checkpoint_compare.py --dir /r
   --rounds "${CKPT_ROUNDS:-2}" --checkpoints "${CKPT_WHICH:-both}" \
   ${CKPT_LOADERS:+--loaders "$CKPT_LOADERS"} >"$LOGS/checkpoint_compare.log" 2>&1
 cat "$LOGS/checkpoint_compare.log" | tail -30 | tee -a "$S"
+fi
+
+if want firstcall; then
+step first-call
+# Issue 16's first-call cost: a fresh process's first warm 8 GiB read against its second, for
+# each ring variant (benchmarks/first_call.py), with FERRIO_TRACE timelines.
+F=/root/ferrio-first-call.bin
+"$ROOT/.carry/bin/ferrio" write "$F" --size 8GiB >>"$S" 2>&1
+timeout "${FIRSTCALL_TIMEOUT:-150}" python3 benchmarks/first_call.py "$F" --rounds "${FIRSTCALL_ROUNDS:-4}" \
+  --no-driver --json "$LOGS/first_call.json" >"$LOGS/first_call.log" 2>&1
+sed -n '/^medians/,$p' "$LOGS/first_call.log" | head -12 | tee -a "$S"
+rm -f "$F"
+fi
+
+if want save; then
+step checkpoint-save
+# ferrio.safetensors.torch.save_file against safetensors', from GPU and host tensors.
+timeout "${SAVE_TIMEOUT:-200}" python3 benchmarks/checkpoint_save.py --dir /root/ferrio-save \
+  --size-gib "${SAVE_GIB:-8}" --device cuda:0,cpu --rounds "${SAVE_ROUNDS:-1}" >"$LOGS/checkpoint_save.log" 2>&1
+tail -10 "$LOGS/checkpoint_save.log" | tee -a "$S"
+rm -rf /root/ferrio-save
 fi
 
 if want multidrive; then
