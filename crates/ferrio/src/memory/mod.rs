@@ -137,6 +137,7 @@ mod order;
 mod pool;
 mod stats;
 mod stream_list;
+mod thread_cache;
 mod upstream;
 
 #[cfg(test)]
