@@ -1,7 +1,8 @@
 //! [`PoolResource`]: the stream-ordered pool itself: its state (the stream map, the chunk
 //! table, the counters), the public calls (allocate, deallocate, detach, consolidate, stats),
-//! a stream's own list found through the per-thread cache, and the in-use accounting. The
-//! cross-stream hand-over is in `pool/steal.rs`, the growth from the upstream in
+//! a stream's own list found through the per-thread cache, the use of the threads' block
+//! caches (`thread_cache.rs`) and the in-use accounting. The cross-stream hand-over is in
+//! `pool/steal.rs`, the growth from the upstream in
 //! `pool/grow.rs`, one stream's list in `stream_list.rs`; options and stats types live in
 //! `options.rs` and `stats.rs`. See the module docs of [`crate::memory`] for the design, the
 //! lock order and the event strategy.
