@@ -94,9 +94,9 @@
 //!
 //! 0. the grow lock (`Mutex<()>`), then
 //! 1. the stream map (`RwLock`), then
-//! 1b. one thread's block cache (`Mutex`), then
-//! 2. one stream's list (`Mutex`), then
-//! 3. the chunk table (`RwLock`).
+//! 2. one thread's block cache (`Mutex`), then
+//! 3. one stream's list (`Mutex`), then
+//! 4. the chunk table (`RwLock`).
 //!
 //! The registry of thread caches (`Mutex<Vec<_>>`) is taken alone and let go at once.
 //!

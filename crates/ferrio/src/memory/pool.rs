@@ -115,7 +115,7 @@ pub struct PoolResource<U: Upstream, S: StreamOrder> {
     options: PoolOptions,
     /// Lock 1 (read-mostly). Written only to add or remove a stream.
     streams: RwLock<HashMap<StreamId, Arc<StreamList<S>>>>,
-    /// Lock 3. Written only when the pool grows; read only to refresh a thread's snapshot.
+    /// Lock 4. Written only when the pool grows; read only to refresh a thread's snapshot.
     chunks: RwLock<Arc<ChunkTable>>,
     /// Bumped after each change to `chunks`.
     chunk_gen: AtomicU64,
