@@ -2,6 +2,8 @@
 # Here (no GPU, no nvcc): builds everything benchmarks/memory_pool/run_gpu.sh runs on the GPU
 # machine into .carry/memory/ (git-ignored; carry that one folder).
 #
+#   bin/pool_contention  examples/pool_contention.rs, statically linked (crt-static): the
+#                        host-side contention table of benchmarks/memory_pool/RESULTS.md
 #   bin/ferrio-tests     the release integration-test binary (the memory::real tests among them)
 #   bin/pool_gpu_bench   examples/pool_gpu_bench.rs: ferrio's pool vs cuMemAllocAsync, in Rust
 #   bin/pool_bench       pool_bench.cpp: ferrio (through examples/pool_capi.rs) vs RMM's
@@ -29,6 +31,11 @@ for whl in "$WHEELS"/*.whl; do
   python3 -m zipfile -e "$whl" "$BUILD/" >/dev/null
 done
 
+# Static, as the contention table has always been built. `--target` keeps these artifacts
+# (other RUSTFLAGS) in target/x86_64-unknown-linux-gnu/, apart from the ordinary build's.
+RUSTFLAGS="-C target-feature=+crt-static" cargo build --release -p ferrio \
+  --example pool_contention --target x86_64-unknown-linux-gnu
+cp target/x86_64-unknown-linux-gnu/release/examples/pool_contention "$CARRY/bin/"
 cargo build --release -p ferrio --example pool_capi --example pool_gpu_bench
 cp target/release/examples/libpool_capi.so target/release/examples/pool_gpu_bench "$CARRY/bin/"
 tests=$(cargo test --release -p ferrio --test tests --no-run --message-format=json 2>/dev/null \
@@ -44,4 +51,4 @@ g++ -std=c++20 -O2 -Wall \
   -L "$CARRY/bin" -lpool_capi "$B/nvidia/cu13/lib/libcudart_static.a" -ldl -lpthread -lrt
 cp "$B/librmm/lib64/librmm.so" "$B/rapids_logger/lib64/librapids_logger.so" "$CARRY/bin/"
 strip --strip-debug "$CARRY/bin/"*
-du -sh "$CARRY/bin"; ls -l "$CARRY/bin"
+du -sh "$CARRY"; ls -l "$CARRY/bin"

@@ -7,11 +7,15 @@
 //!   `deallocate` finds a block's chunk without a lock; the snapshot is refreshed when the
 //!   pool's generation counter (read with one atomic load) has moved.
 //!
-//! The caches hold only `Weak` free lists and plain chunk tables: when a thread exits, its
-//! cache is dropped by a thread-local destructor, and that must never release a CUDA event or
-//! memory (the driver may already be shutting down at process exit). A `Weak` keeps no list
-//! alive, so the last strong reference to a list (and its event) is always dropped by the
-//! pool itself.
+//! - the thread's cache of freed blocks for the pool (`C`, the pool's
+//!   [`CacheOwner`](super::thread_cache::CacheOwner)), made on first use.
+//!
+//! The caches hold only `Weak` free lists, plain chunk tables and the block cache: when a
+//! thread exits, its cache is dropped by a thread-local destructor, and that must never
+//! release a CUDA event or memory (the driver may already be shutting down at process exit).
+//! A `Weak` keeps no list alive, so the last strong reference to a list (and its event) is
+//! always dropped by the pool itself; the block cache's destructor only moves blocks into
+//! lists that the pool still holds (see `thread_cache.rs`).
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -34,14 +38,17 @@ thread_local! {
     static CACHE: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
 }
 
-/// What one thread remembers about one pool whose free lists are `L`s.
-pub(crate) struct Local<L> {
+/// What one thread remembers about one pool whose free lists are `L`s and whose block cache
+/// is a `C`.
+pub(crate) struct Local<L, C> {
     chunk_gen: u64,
     chunks: Option<Arc<ChunkTable>>,
     streams: Vec<(StreamId, Weak<L>)>,
+    /// The thread's block cache for the pool, once made.
+    pub cache: Option<C>,
 }
 
-impl<L> Local<L> {
+impl<L, C> Local<L, C> {
     /// The cached list of stream `id`, if it is still alive.
     pub fn stream(&mut self, id: StreamId) -> Option<Arc<L>> {
         let i = self.streams.iter().position(|(s, _)| *s == id)?;
@@ -86,7 +93,10 @@ impl<L> Local<L> {
 /// Runs `f` on this thread's cache for pool `pool`. Returns `None` when the cache cannot be
 /// used: during thread teardown, or when called from inside another `with` (the pool never
 /// nests them, but an upstream or stream implementation could call back into a pool).
-pub(crate) fn with<L: 'static, R>(pool: u64, f: impl FnOnce(&mut Local<L>) -> R) -> Option<R> {
+pub(crate) fn with<L: 'static, C: 'static, R>(
+    pool: u64,
+    f: impl FnOnce(&mut Local<L, C>) -> R,
+) -> Option<R> {
     CACHE
         .try_with(|cache| {
             let mut entries = cache.try_borrow_mut().ok()?;
@@ -98,10 +108,11 @@ pub(crate) fn with<L: 'static, R>(pool: u64, f: impl FnOnce(&mut Local<L>) -> R)
                     }
                     entries.push(Entry {
                         pool,
-                        state: Box::new(Local::<L> {
+                        state: Box::new(Local::<L, C> {
                             chunk_gen: 0,
                             chunks: None,
                             streams: Vec::new(),
+                            cache: None,
                         }),
                     });
                     entries.len() - 1
@@ -110,7 +121,7 @@ pub(crate) fn with<L: 'static, R>(pool: u64, f: impl FnOnce(&mut Local<L>) -> R)
             if i != 0 {
                 entries[..=i].rotate_right(1);
             }
-            let local = entries[0].state.downcast_mut::<Local<L>>()?;
+            let local = entries[0].state.downcast_mut::<Local<L, C>>()?;
             Some(f(local))
         })
         .ok()

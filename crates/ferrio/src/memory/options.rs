@@ -32,6 +32,7 @@ pub struct PoolOptions {
     pub(super) grow_bytes: usize,
     pub(super) max_bytes: Option<usize>,
     pub(super) event_policy: EventPolicy,
+    pub(super) thread_cache: bool,
 }
 
 impl Default for PoolOptions {
@@ -42,6 +43,7 @@ impl Default for PoolOptions {
             grow_bytes: PoolOptions::DEFAULT_GROW_BYTES,
             max_bytes: None,
             event_policy: EventPolicy::default(),
+            thread_cache: true,
         }
     }
 }
@@ -82,6 +84,16 @@ impl PoolOptions {
     /// When to record the events that order cross-stream reuse.
     pub fn event_policy(mut self, policy: EventPolicy) -> Self {
         self.event_policy = policy;
+        self
+    }
+
+    /// Whether each thread keeps a small cache of the blocks it frees, per stream, and
+    /// serves its next allocations of the same sizes on the same stream from it without
+    /// taking any shared lock (default: on). Used only with [`EventPolicy::OnSteal`]: the
+    /// other policies record on frees, which the cache would skip. See "Thread caches" in
+    /// the [module docs](crate::memory).
+    pub fn thread_cache(mut self, on: bool) -> Self {
+        self.thread_cache = on;
         self
     }
 

@@ -1,7 +1,8 @@
 //! [`PoolResource`]: the stream-ordered pool itself: its state (the stream map, the chunk
 //! table, the counters), the public calls (allocate, deallocate, detach, consolidate, stats),
-//! a stream's own list found through the per-thread cache, and the in-use accounting. The
-//! cross-stream hand-over is in `pool/steal.rs`, the growth from the upstream in
+//! a stream's own list found through the per-thread cache, the use of the threads' block
+//! caches (`thread_cache.rs`) and the in-use accounting. The cross-stream hand-over is in
+//! `pool/steal.rs`, the growth from the upstream in
 //! `pool/grow.rs`, one stream's list in `stream_list.rs`; options and stats types live in
 //! `options.rs` and `stats.rs`. See the module docs of [`crate::memory`] for the design, the
 //! lock order and the event strategy.
@@ -17,6 +18,7 @@ use super::options::{EventPolicy, PoolOptions};
 use super::order::{StreamId, StreamOrder};
 use super::stats::{PoolStats, StreamStats};
 use super::stream_list::{bump, lock, ListState, StreamList};
+use super::thread_cache::{CacheOwner, Cached, StreamCache, ThreadCache, MAX_BLOCK_BYTES};
 use super::upstream::Upstream;
 use crate::error::{Error, Result};
 
@@ -33,8 +35,30 @@ const SAFE_FOR_ALL: u64 = 0;
 /// checked) once they amount to this many bytes, so the fast path writes no shared counter.
 const STATS_SLACK_BYTES: isize = 1 << 20;
 
+/// What a thread keeps for one pool (see `local.rs`).
+type Loc<S> = local::Local<StreamList<S>, CacheOwner<S>>;
+
 /// Source of the pools' unique numbers (the key of the per-thread caches).
 static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
+
+/// What [`PoolResource::cached_deallocate`] did.
+enum Freed<S: StreamOrder> {
+    /// The block went to this thread's cache (or was refused as a double free).
+    Cached(Result<()>),
+    /// It goes to the list: its chunk (if this thread's snapshot knows it) and the stream's
+    /// list if this thread has it at hand.
+    ToList(Option<ChunkId>, Option<Arc<StreamList<S>>>),
+}
+
+/// A stream's blocks and counters in threads' caches, summed for [`PoolResource::stats`].
+#[derive(Clone, Copy, Default)]
+struct CachedStats {
+    blocks: usize,
+    bytes: usize,
+    largest: usize,
+    allocations: u64,
+    frees: u64,
+}
 
 /// A block handed out by [`PoolResource::allocate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -91,7 +115,7 @@ pub struct PoolResource<U: Upstream, S: StreamOrder> {
     options: PoolOptions,
     /// Lock 1 (read-mostly). Written only to add or remove a stream.
     streams: RwLock<HashMap<StreamId, Arc<StreamList<S>>>>,
-    /// Lock 3. Written only when the pool grows; read only to refresh a thread's snapshot.
+    /// Lock 4. Written only when the pool grows; read only to refresh a thread's snapshot.
     chunks: RwLock<Arc<ChunkTable>>,
     /// Bumped after each change to `chunks`.
     chunk_gen: AtomicU64,
@@ -111,6 +135,11 @@ pub struct PoolResource<U: Upstream, S: StreamOrder> {
     in_use_retired: AtomicIsize,
     /// The highest `in_use_flushed` (or exact in-use total) seen.
     peak: AtomicUsize,
+    /// Whether threads cache the blocks they free (see `thread_cache.rs`).
+    caching: bool,
+    /// Every thread's block cache for this pool, so that the pool can drain and count them.
+    /// Taken alone (never while holding another of the pool's locks).
+    caches: Mutex<Vec<Arc<ThreadCache<S>>>>,
 }
 
 impl<U: Upstream, S: StreamOrder> fmt::Debug for PoolResource<U, S> {
@@ -137,6 +166,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                 options.grow_bytes
             ))
         })?;
+        let caching = options.thread_cache && options.event_policy == EventPolicy::OnSteal;
         let pool = PoolResource {
             uid: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
             upstream,
@@ -152,6 +182,8 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             in_use_flushed: AtomicIsize::new(0),
             in_use_retired: AtomicIsize::new(0),
             peak: AtomicUsize::new(0),
+            caching,
+            caches: Mutex::new(Vec::new()),
         };
         if pool.options.initial_bytes > 0 {
             let bytes = round_up(pool.options.initial_bytes, align).ok_or_else(|| {
@@ -203,7 +235,8 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
 
     /// Allocates at least `size` bytes for use on `stream`.
     ///
-    /// In order, until one works: the best fit in `stream`'s own free list; one block taken
+    /// In order, until one works: a block of exactly this size that this thread freed on
+    /// `stream` (its thread cache); the best fit in `stream`'s own free list; one block taken
     /// from another stream's list (ordering `stream` after that stream's event); a new
     /// upstream chunk; every other stream's free blocks gathered into `stream`'s list and
     /// coalesced. Otherwise [`Error::OutOfMemory`], with the pool's state in the message.
@@ -212,18 +245,28 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         let Some(bytes) = self.rounded(size) else {
             return Err(self.out_of_memory(size, id, "the size overflows when aligned"));
         };
+        if let Some(addr) = self.cached_allocate(id, bytes) {
+            return Ok(Block { addr, size: bytes });
+        }
         // A growth published after this point is one this call might use instead of growing
         // too; one published before it is in the fresh list for `steal` to find.
         let mut gen_seen = self.grown.load(Ordering::Acquire);
+        let mut first = true;
         let (own, why) = loop {
             let (own, hit) = self.with_own_list(id, stream, None, |_, st| {
                 let b = st.free.carve_best_fit(bytes)?;
                 self.handed_out(st, bytes);
                 Some(b.addr)
             })?;
+            if first {
+                first = false;
+                self.cache_stream(&own);
+            }
             if let Some(addr) = hit {
                 return Ok(Block { addr, size: bytes });
             }
+            // This thread's blocks cached for other streams are worth taking before growing.
+            self.retire_own_cache(|s| s != id);
             if let Some(b) = self.steal(&own, stream, bytes)? {
                 bump(&own.counters.steals);
                 return Ok(self.place(&own, b, bytes));
@@ -274,14 +317,19 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
     /// the block's [`size`](Block::size).
     ///
     /// A pointer that is not in the pool, or a block that overlaps one already free in the
-    /// stream's list (a double free), is refused with [`Error::InvalidArgument`]. Other misuse
-    /// (a wrong size, a double free across streams) is not detected and corrupts the pool's
-    /// accounting, though never memory the pool itself reads.
+    /// stream's list or in this thread's cache for the stream (a double free), is refused
+    /// with [`Error::InvalidArgument`]. Other misuse (a wrong size, a double free across
+    /// streams or threads, a double free of a block the cache has since passed to the list)
+    /// is not detected and corrupts the pool's accounting, though never memory the pool
+    /// itself reads.
     pub fn deallocate(&self, addr: usize, size: usize, stream: &S::Stream) -> Result<()> {
         let id = self.order.stream_id(stream);
         let bytes = self.rounded(size).filter(|_| addr % self.align() == 0);
         let (chunk, cached) = match bytes {
-            Some(bytes) => self.chunk_and_list(addr, bytes, id),
+            Some(bytes) => match self.cached_deallocate(addr, bytes, size, id) {
+                Freed::Cached(done) => return done,
+                Freed::ToList(chunk, list) => (chunk, list),
+            },
             None => (None, None),
         };
         let (Some(bytes), Some(chunk)) = (bytes, chunk) else {
@@ -292,7 +340,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         let policy = self.options.event_policy;
         // Outer error: the block was not taken back. Inner error: it was, but the event
         // record that the policy asks for failed.
-        let (_, result) = self.with_own_list(id, stream, cached, |list, st| {
+        let (own, result) = self.with_own_list(id, stream, cached, |list, st| {
             let seq = st.next_seq();
             let block = FreeBlock {
                 addr,
@@ -320,6 +368,9 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                 Ok(())
             })
         })?;
+        if result.is_ok() {
+            self.cache_stream(&own);
+        }
         result?
     }
 
@@ -329,9 +380,10 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
     /// attaches it again.
     pub fn detach_stream(&self, stream: &S::Stream) -> Result<()> {
         let id = self.order.stream_id(stream);
-        local::with(self.uid, |l: &mut local::Local<StreamList<S>>| {
-            l.forget_stream(id)
-        });
+        local::with(self.uid, |l: &mut Loc<S>| l.forget_stream(id));
+        // Every thread's cached blocks of the stream go to its list first, so that the last
+        // record covers them too.
+        self.retire_caches(|s| s == id);
         let Some(list) = read(&self.streams).get(&id).cloned() else {
             return Ok(());
         };
@@ -342,52 +394,78 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             }
             st.stream = None;
         }
-        let empty = st.free.is_empty();
         drop(st);
+        // A thread that used the stream while it was being detached may have cached again.
+        self.retire_caches(|s| s == id);
+        let empty = list.lock().free.is_empty();
         if empty {
             self.prune(&list);
         }
         Ok(())
     }
 
-    /// Moves every other stream's free blocks into `stream`'s list (ordering `stream` after
-    /// each of them) and coalesces them. The pool does this by itself before it reports out
-    /// of memory; call it to defragment ahead of a large allocation.
+    /// Moves every thread's cached blocks and every other stream's free blocks into
+    /// `stream`'s list (ordering `stream` after each of them) and coalesces them. The pool
+    /// does this by itself before it reports out of memory; call it to defragment ahead of a
+    /// large allocation.
     pub fn consolidate(&self, stream: &S::Stream) -> Result<()> {
         let id = self.order.stream_id(stream);
         let (own, ()) = self.with_own_list(id, stream, None, |_, _| ())?;
         self.gather(&own, stream)
     }
 
+    /// Moves every thread's cached blocks back to their streams' lists (where other streams
+    /// can take them). The pool does this by itself when a stream is detached, before it
+    /// reports out of memory and when it consolidates; a thread's own cache also empties when
+    /// the thread exits.
+    pub fn flush_thread_caches(&self) {
+        self.retire_caches(|_| true);
+    }
+
     /// A snapshot of the pool's use.
+    ///
+    /// Blocks in threads' caches count as free (in `free_blocks` and `free_bytes`, and in
+    /// `cached_blocks` and `cached_bytes`), on the stream they were freed on; allocations
+    /// and frees served by a cache count as the stream's.
     pub fn stats(&self) -> PoolStats {
         let in_use_bytes = self.in_use_bytes();
+        let mut cached: HashMap<StreamId, CachedStats> = HashMap::new();
+        for c in self.caches() {
+            for e in &c.lock().streams {
+                let s = cached.entry(e.id).or_default();
+                s.blocks += e.blocks().count();
+                s.bytes += e.bytes;
+                s.largest = s.largest.max(e.blocks().map(|b| b.size).max().unwrap_or(0));
+                s.allocations += e.allocations;
+                s.frees += e.frees;
+            }
+        }
         let lists: Vec<Arc<StreamList<S>>> = read(&self.streams).values().cloned().collect();
+        let mut largest_free_block = 0;
         let mut streams: Vec<StreamStats> = lists
             .iter()
             .map(|list| {
                 let st = list.lock();
                 let c = &list.counters;
+                let k = cached.get(&list.id).copied().unwrap_or_default();
+                largest_free_block = largest_free_block.max(st.free.largest()).max(k.largest);
                 StreamStats {
                     stream: list.id,
                     attached: st.stream.is_some(),
-                    allocations: st.allocations,
-                    frees: st.frees,
+                    allocations: st.allocations + k.allocations,
+                    frees: st.frees + k.frees,
                     steals: c.steals.load(Ordering::Relaxed),
                     stolen: c.stolen.load(Ordering::Relaxed),
                     waits: c.waits.load(Ordering::Relaxed),
                     records: c.records.load(Ordering::Relaxed),
-                    free_blocks: st.free.len(),
-                    free_bytes: st.free.bytes(),
+                    free_blocks: st.free.len() + k.blocks,
+                    free_bytes: st.free.bytes() + k.bytes,
+                    cached_blocks: k.blocks,
+                    cached_bytes: k.bytes,
                 }
             })
             .collect();
         streams.sort_by_key(|s| s.stream);
-        let largest_free_block = lists
-            .iter()
-            .map(|l| l.lock().free.largest())
-            .max()
-            .unwrap_or(0);
         PoolStats {
             memory: self.upstream.kind(),
             alignment: self.align(),
@@ -395,6 +473,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             in_use_bytes,
             peak_in_use_bytes: self.peak.load(Ordering::Relaxed),
             free_bytes: streams.iter().map(|s| s.free_bytes).sum(),
+            cached_bytes: streams.iter().map(|s| s.cached_bytes).sum(),
             largest_free_block,
             chunks: read(&self.chunks).len(),
             max_bytes: self.options.max_bytes,
@@ -460,21 +539,154 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
     }
 
     fn flush(&self, st: &mut ListState<S>) {
-        let delta = std::mem::take(&mut st.unflushed);
+        self.publish(std::mem::take(&mut st.unflushed));
+    }
+
+    /// Adds `delta` to the pool-wide in-use total and checks the peak.
+    fn publish(&self, delta: isize) {
         let now = self.in_use_flushed.fetch_add(delta, Ordering::Relaxed) + delta;
         if delta > 0 {
             self.peak.fetch_max(now.max(0) as usize, Ordering::Relaxed);
         }
     }
 
-    /// Bytes in use now: exact when no call is under way, as it sums every list.
+    /// Bytes in use now: exact when no call is under way, as it sums every list and every
+    /// thread cache.
     fn in_use_bytes(&self) -> usize {
+        let cached: isize = self
+            .caches()
+            .iter()
+            .map(|c| c.lock().streams.iter().map(|e| e.in_use).sum::<isize>())
+            .sum();
         let lists: Vec<_> = read(&self.streams).values().cloned().collect();
         let total = lists.iter().map(|l| l.lock().in_use).sum::<isize>()
+            + cached
             + self.in_use_retired.load(Ordering::Relaxed);
         let total = total.max(0) as usize;
         self.peak.fetch_max(total, Ordering::Relaxed);
         total
+    }
+
+    /// Adds `delta` in-use bytes to a thread cache's entry, and to the pool-wide total once
+    /// its unflushed change reaches [`STATS_SLACK_BYTES`] (as [`account`](Self::account)).
+    fn account_cached(&self, e: &mut StreamCache<S>, delta: isize) {
+        e.in_use += delta;
+        e.unflushed += delta;
+        if e.unflushed.abs() >= STATS_SLACK_BYTES {
+            self.publish(std::mem::take(&mut e.unflushed));
+        }
+    }
+
+    /// A block of exactly `bytes` that this thread freed on stream `id`, from its cache.
+    fn cached_allocate(&self, id: StreamId, bytes: usize) -> Option<usize> {
+        if !self.caching || bytes > MAX_BLOCK_BYTES {
+            return None;
+        }
+        local::with(self.uid, |l: &mut Loc<S>| {
+            let mut cache = l.cache.as_ref()?.0.lock();
+            let e = cache.stream(id)?;
+            let addr = e.take(bytes)?;
+            self.account_cached(e, bytes as isize);
+            Some(addr)
+        })
+        .flatten()
+    }
+
+    /// Frees `[addr, addr + bytes)` into this thread's cache for stream `id` if it has one;
+    /// else finds what the list path needs (the block's chunk and, if this thread has it
+    /// cached, the stream's list) in the same visit to the thread's state.
+    fn cached_deallocate(&self, addr: usize, bytes: usize, size: usize, id: StreamId) -> Freed<S> {
+        let gen = self.chunk_gen.load(Ordering::Acquire);
+        let cacheable = self.caching && bytes <= MAX_BLOCK_BYTES;
+        let local = local::with(self.uid, |l: &mut Loc<S>| {
+            let chunk = l
+                .chunks(gen, || Arc::clone(&read(&self.chunks)))
+                .find(addr, bytes)
+                .map(|c| c.id);
+            if let (Some(chunk), Some(owner), true) = (chunk, &l.cache, cacheable) {
+                let mut cache = owner.0.lock();
+                if let Some(e) = cache.stream(id) {
+                    let put = e.put(Cached {
+                        addr,
+                        size: bytes,
+                        chunk,
+                    });
+                    if put.is_err() {
+                        return Freed::Cached(Err(Error::InvalidArgument(format!(
+                            "deallocate({addr:#x}, {size} bytes) on stream {id}: already free \
+                             in this thread's cache (double free)"
+                        ))));
+                    }
+                    self.account_cached(e, -(bytes as isize));
+                    return Freed::Cached(Ok(()));
+                }
+            }
+            Freed::ToList(chunk, l.stream(id))
+        });
+        match local {
+            Some(Freed::ToList(Some(chunk), list)) => Freed::ToList(Some(chunk), list),
+            Some(Freed::Cached(done)) => Freed::Cached(done),
+            // Not in the snapshot, or no state on this thread: ask the table itself.
+            other => {
+                let list = match other {
+                    Some(Freed::ToList(_, list)) => list,
+                    _ => None,
+                };
+                Freed::ToList(read(&self.chunks).find(addr, bytes).map(|c| c.id), list)
+            }
+        }
+    }
+
+    /// Makes this thread cache the blocks it frees on `own`'s stream from now on (a no-op if
+    /// it does already).
+    fn cache_stream(&self, own: &Arc<StreamList<S>>) {
+        if !self.caching {
+            return;
+        }
+        local::with(self.uid, |l: &mut Loc<S>| {
+            let owner = l
+                .cache
+                .get_or_insert_with(|| CacheOwner(self.register_cache()));
+            owner.0.lock().add_stream(own);
+        });
+    }
+
+    /// A new thread cache, registered with the pool.
+    fn register_cache(&self) -> Arc<ThreadCache<S>> {
+        let cache = Arc::new(ThreadCache::new());
+        let mut all = lock(&self.caches);
+        all.retain(|c| !c.is_orphan());
+        all.push(Arc::clone(&cache));
+        cache
+    }
+
+    /// Every registered thread cache (a snapshot: the registry's lock is let go at once).
+    fn caches(&self) -> Vec<Arc<ThreadCache<S>>> {
+        if !self.caching {
+            return Vec::new();
+        }
+        lock(&self.caches).clone()
+    }
+
+    /// Moves the blocks of every thread's cache entries for the streams `which` accepts to
+    /// their lists.
+    fn retire_caches(&self, which: impl Fn(StreamId) -> bool + Copy) {
+        for c in self.caches() {
+            c.lock().retire(which);
+        }
+    }
+
+    /// Moves the blocks of this thread's cache entries for the streams `which` accepts to
+    /// their lists.
+    fn retire_own_cache(&self, which: impl Fn(StreamId) -> bool) {
+        if !self.caching {
+            return;
+        }
+        local::with(self.uid, |l: &mut Loc<S>| {
+            if let Some(owner) = &l.cache {
+                owner.0.lock().retire(which);
+            }
+        });
     }
 
     /// Runs `f` under the lock of `stream`'s own list, finding the list through this thread's
@@ -494,9 +706,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             let mut st = list.lock();
             if st.removed {
                 drop(st);
-                local::with(self.uid, |l: &mut local::Local<StreamList<S>>| {
-                    l.forget_stream(id)
-                });
+                local::with(self.uid, |l: &mut Loc<S>| l.forget_stream(id));
                 continue;
             }
             if st.stream.is_none() {
@@ -509,9 +719,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
     }
 
     fn list_of(&self, id: StreamId, stream: &S::Stream) -> Result<Arc<StreamList<S>>> {
-        if let Some(Some(list)) =
-            local::with(self.uid, |l: &mut local::Local<StreamList<S>>| l.stream(id))
-        {
+        if let Some(Some(list)) = local::with(self.uid, |l: &mut Loc<S>| l.stream(id)) {
             return Ok(list);
         }
         let found = read(&self.streams).get(&id).cloned();
@@ -519,9 +727,7 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             Some(list) => list,
             None => self.add_list(id, stream)?,
         };
-        local::with(self.uid, |l: &mut local::Local<StreamList<S>>| {
-            l.remember_stream(id, &list)
-        });
+        local::with(self.uid, |l: &mut Loc<S>| l.remember_stream(id, &list));
         Ok(list)
     }
 
@@ -534,34 +740,6 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         let list = Arc::new(StreamList::new(id, Some(stream.clone())));
         map.insert(id, Arc::clone(&list));
         Ok(list)
-    }
-
-    /// The chunk that holds `[addr, addr + bytes)` and, if this thread has it cached, the
-    /// list of stream `id`, in one visit to the thread's cache. The chunk comes from the
-    /// thread's snapshot of the chunk table (refreshed when the pool has grown since), or from
-    /// the table itself.
-    fn chunk_and_list(
-        &self,
-        addr: usize,
-        bytes: usize,
-        id: StreamId,
-    ) -> (Option<ChunkId>, Option<Arc<StreamList<S>>>) {
-        let gen = self.chunk_gen.load(Ordering::Acquire);
-        let cached = local::with(self.uid, |l: &mut local::Local<StreamList<S>>| {
-            let chunk = l
-                .chunks(gen, || Arc::clone(&read(&self.chunks)))
-                .find(addr, bytes)
-                .map(|c| c.id);
-            (chunk, l.stream(id))
-        });
-        match cached {
-            Some((Some(chunk), list)) => (Some(chunk), list),
-            // Not in the snapshot, or no cache on this thread: ask the table itself.
-            other => (
-                read(&self.chunks).find(addr, bytes).map(|c| c.id),
-                other.and_then(|(_, list)| list),
-            ),
-        }
     }
 
     fn out_of_memory(&self, size: usize, stream: StreamId, why: &str) -> Error {
@@ -602,6 +780,33 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         all
     }
 
+    /// Every block in a thread's cache, with its stream, in address order.
+    pub(crate) fn cached_blocks(&self) -> Vec<(StreamId, FreeBlock)> {
+        let mut all: Vec<_> = self
+            .caches()
+            .iter()
+            .flat_map(|c| {
+                let st = c.lock();
+                st.streams
+                    .iter()
+                    .flat_map(|e| {
+                        e.blocks().map(|b| {
+                            let block = FreeBlock {
+                                addr: b.addr,
+                                size: b.size,
+                                chunk: b.chunk,
+                                seq: 0,
+                            };
+                            (e.id, block)
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        all.sort_by_key(|(_, b)| b.addr);
+        all
+    }
+
     /// Every chunk, in address order.
     pub(crate) fn chunk_list(&self) -> Vec<super::blocks::Chunk> {
         read(&self.chunks).iter().copied().collect()
@@ -610,7 +815,16 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
 
 impl<U: Upstream, S: StreamOrder> Drop for PoolResource<U, S> {
     fn drop(&mut self) {
-        // Free lists (and their events) go first; nothing else holds them now: threads' caches
+        // Threads' block caches first: marked dead, they never touch a list again.
+        for c in self
+            .caches
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            c.lock().kill();
+        }
+        // Free lists (and their events) go next; nothing else holds them now: threads' caches
         // hold only weak references.
         self.streams
             .get_mut()

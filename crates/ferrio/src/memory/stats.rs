@@ -25,10 +25,15 @@ pub struct StreamStats {
     pub waits: u64,
     /// Events recorded on this stream.
     pub records: u64,
-    /// Free blocks now in the stream's list.
+    /// Free blocks now in the stream's list and in threads' caches for the stream.
     pub free_blocks: usize,
-    /// Free bytes now in the stream's list.
+    /// Free bytes now in the stream's list and in threads' caches for the stream.
     pub free_bytes: usize,
+    /// Of `free_blocks`, those in threads' caches (reused only by the thread that freed
+    /// them, on this stream, until the pool flushes them to the list).
+    pub cached_blocks: usize,
+    /// Of `free_bytes`, those in threads' caches.
+    pub cached_bytes: usize,
 }
 
 /// A snapshot of a pool's use. Counters of different streams are read one after the other, so
@@ -49,9 +54,12 @@ pub struct PoolStats {
     /// to the pool-wide total only once they reach 1 MiB, so that the fast path writes no
     /// shared counter (see the [module docs](crate::memory)).
     pub peak_in_use_bytes: usize,
-    /// Bytes in free lists.
+    /// Bytes free: in free lists and in threads' caches (`pool_bytes` is `in_use_bytes`
+    /// plus `free_bytes` when no call is under way).
     pub free_bytes: usize,
-    /// The largest free block.
+    /// Of `free_bytes`, those in threads' caches.
+    pub cached_bytes: usize,
+    /// The largest free block (in a list or a thread's cache).
     pub largest_free_block: usize,
     /// Upstream allocations held.
     pub chunks: usize,

@@ -46,6 +46,9 @@ pub(super) struct ListState<S: StreamOrder> {
     pub(super) covered_seq: u64,
     /// Whether that record has been seen complete (then no wait is needed at all).
     pub(super) covered_done: bool,
+    /// Threads' block caches that hold an entry for this stream: while there are any, the
+    /// list is not pruned, so their blocks always have a list to go back to.
+    pub(super) cache_entries: usize,
 }
 
 impl<S: StreamOrder> ListState<S> {
@@ -62,6 +65,7 @@ impl<S: StreamOrder> ListState<S> {
             free_seq: 0,
             covered_seq: 0,
             covered_done: true,
+            cache_entries: 0,
         }
     }
 

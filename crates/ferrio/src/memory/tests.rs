@@ -25,15 +25,17 @@ fn stream_stats(pool: &TestPool, s: &EmulatedStream) -> StreamStats {
         .unwrap()
 }
 
-/// Checks that every byte of the pool is accounted for: nothing in use, the free lists hold
-/// the whole pool without overlaps and without crossing chunk boundaries; then, after
+/// Checks that every byte of the pool is accounted for: nothing in use, the free lists and
+/// the threads' caches hold the whole pool without overlaps and without crossing chunk boundaries; then, after
 /// consolidating on `onto`, that the free blocks are exactly the upstream chunks.
 fn assert_all_returned(pool: &TestPool, onto: &EmulatedStream) {
     let stats = pool.stats();
     assert_eq!(stats.in_use_bytes, 0, "{stats:?}");
     assert_eq!(stats.free_bytes, stats.pool_bytes, "{stats:?}");
     let chunks = pool.chunk_list();
-    let free = pool.free_blocks();
+    let mut free = pool.free_blocks();
+    free.extend(pool.cached_blocks());
+    free.sort_by_key(|(_, b)| b.addr);
     for pair in free.windows(2) {
         assert!(
             pair[0].1.end() <= pair[1].1.addr,
@@ -435,6 +437,8 @@ fn adjacent_upstream_chunks_are_never_merged() {
     assert_eq!(pool.stats().chunks, 9, "2048 bytes need a new chunk");
     assert!(big.addr() >= blocks[7].addr() + 1024);
     pool.deallocate(big.addr(), 2048, &s).unwrap();
+    // What follows is about the list: the block this thread just freed goes there first.
+    pool.flush_thread_caches();
     let stats = pool.stats();
     assert_eq!(stats.free_bytes, stats.pool_bytes);
     assert_eq!(pool.free_blocks().len(), 9);
@@ -555,6 +559,15 @@ fn stats_count_per_stream_and_peak() {
     pool.deallocate(b.addr(), 3000, &s).unwrap();
     let stats = pool.stats();
     assert_eq!(stats.in_use_bytes, 256, "exact");
+    // `c`'s miss on t sent this thread's cache for s to the list (it is worth taking before
+    // growing), so `a` went to the list and made the entry again, and `b` waits in it.
+    assert_eq!(stats.cached_bytes, 3072, "b waits in this thread's cache");
+    assert_eq!(stats.free_bytes, (1 << 16) - 256);
+    // What follows is about the lists: the cached blocks go there first.
+    pool.flush_thread_caches();
+    let stats = pool.stats();
+    assert_eq!(stats.in_use_bytes, 256, "exact");
+    assert_eq!(stats.cached_bytes, 0);
     // Small changes are checkpointed late: the peak may miss up to 1 MiB per stream.
     let true_peak = 1024 + 3072 + 256;
     assert!(stats.peak_in_use_bytes <= true_peak, "{stats:?}");
@@ -670,12 +683,17 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// Free blocks and live blocks tile the chunks exactly; no free block crosses a chunk; no two
-/// neighbouring free blocks of one list and one chunk are left unmerged.
+/// Free blocks (in lists and threads' caches) and live blocks tile the chunks exactly; no
+/// free block crosses a chunk; no two neighbouring free blocks of one list and one chunk are
+/// left unmerged.
 fn check_tiling(pool: &TestPool, live: &[(Block, usize)]) -> Result<(), TestCaseError> {
     let chunks = pool.chunk_list();
     let free = pool.free_blocks();
-    let mut pieces: Vec<(usize, usize)> = free.iter().map(|(_, b)| (b.addr, b.size)).collect();
+    let mut pieces: Vec<(usize, usize)> = free
+        .iter()
+        .chain(&pool.cached_blocks())
+        .map(|(_, b)| (b.addr, b.size))
+        .collect();
     pieces.extend(live.iter().map(|(b, _)| (b.addr(), b.size())));
     pieces.sort_unstable();
     let mut ci = chunks.iter().peekable();
@@ -762,4 +780,383 @@ proptest! {
         prop_assert!(emu.run_until_idle());
         prop_assert!(emu.hazards().is_empty(), "{:?}", emu.hazards());
     }
+}
+
+// ---- thread caches ---------------------------------------------------------------------------
+
+/// Runs `f` on a new thread and waits for it (so that its thread cache is flushed on exit).
+fn on_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    std::thread::spawn(f).join().unwrap()
+}
+
+#[test]
+fn thread_cache_serves_the_same_stream_without_the_list() {
+    let emu = EmulatedStreams::with_log();
+    let pool = pool_with(&emu, PoolOptions::default().grow_bytes(1 << 16));
+    let s = emu.create_stream();
+    let a = pool.allocate(4096, &s).unwrap();
+    emu.launch(&s, a.addr(), a.size());
+    pool.deallocate(a.addr(), a.size(), &s).unwrap();
+    assert_eq!(
+        pool.cached_blocks().len(),
+        1,
+        "the free went to this thread's cache"
+    );
+    assert!(
+        pool.free_blocks().iter().all(|(_, b)| b.addr != a.addr()),
+        "and not to the list"
+    );
+    let stats = pool.stats();
+    assert_eq!((stats.cached_bytes, stats.in_use_bytes), (4096, 0));
+    assert_eq!(stats.free_bytes, stats.pool_bytes);
+
+    let again = pool.allocate(4000, &s).unwrap();
+    assert_eq!(
+        again, a,
+        "the same size on the same stream: the cached block"
+    );
+    emu.launch(&s, again.addr(), again.size());
+    let ss = stream_stats(&pool, &s);
+    assert_eq!((ss.allocations, ss.frees, ss.cached_blocks), (2, 1, 0));
+    assert_eq!(pool.stats().in_use_bytes, 4096);
+    assert_eq!(emu.calls().records, 0, "no event for same-stream reuse");
+    assert!(emu.run_until_idle());
+    assert!(emu.hazards().is_empty(), "{:?}", emu.hazards());
+    pool.deallocate(again.addr(), again.size(), &s).unwrap();
+    assert_all_returned(&pool, &s);
+}
+
+#[test]
+fn cached_blocks_reach_other_streams_only_through_the_event() {
+    let emu = EmulatedStreams::with_log();
+    let pool = Arc::new(pool_with(&emu, PoolOptions::default().grow_bytes(1 << 16)));
+    let (s, t) = (emu.create_stream(), emu.create_stream());
+    let (x, y) = {
+        let (p, e, st) = (Arc::clone(&pool), emu.clone(), s.clone());
+        let (go, done) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let (g, d) = (Arc::clone(&go), Arc::clone(&done));
+        let h = std::thread::spawn(move || {
+            let (pool, emu, s) = (p, e, st);
+            let x = pool.allocate(4096, &s).unwrap();
+            emu.launch(&s, x.addr(), x.size());
+            pool.deallocate(x.addr(), x.size(), &s).unwrap();
+            g.wait();
+            d.wait();
+            x
+        });
+        go.wait();
+        // x waits in the other thread's cache for s: t cannot have it.
+        let y = pool.allocate(4096, &t).unwrap();
+        assert_eq!(pool.stats().cached_bytes, 4096);
+        done.wait();
+        (h.join().unwrap(), y)
+    };
+    assert_ne!(y, x, "t took a block cached by another thread");
+    // That thread exited: x went to s's list, and t gets it after a wait on s's work.
+    assert_eq!(pool.stats().cached_bytes, 0);
+    assert!(pool
+        .free_blocks()
+        .iter()
+        .any(|(id, b)| *id == s.id() && b.addr == x.addr()));
+    let mut got = Vec::new();
+    while !got.contains(&x) {
+        let b = pool.allocate(4096, &t).unwrap();
+        emu.launch(&t, b.addr(), b.size());
+        got.push(b);
+        assert!(got.len() < 64, "x never came to t");
+    }
+    assert_eq!(stream_stats(&pool, &t).waits, 1, "t waited on s's work");
+    emu.advance(&t, 100);
+    assert!(emu.pending(&t) > 0, "t is held back by the wait on s");
+    assert!(emu.run_until_idle());
+    assert!(emu.hazards().is_empty(), "{:?}", emu.hazards());
+    for b in got.into_iter().chain([y]) {
+        pool.deallocate(b.addr(), b.size(), &t).unwrap();
+    }
+    assert_all_returned(&pool, &t);
+}
+
+#[test]
+fn thread_exit_returns_its_cache_to_the_lists() {
+    let emu = EmulatedStreams::new();
+    let pool = Arc::new(pool_with(&emu, PoolOptions::default().grow_bytes(1 << 16)));
+    let s = emu.create_stream();
+    let (p, st) = (Arc::clone(&pool), s.clone());
+    let freed = on_thread(move || {
+        let blocks: Vec<Block> = (0..5).map(|i| p.allocate(256 << i, &st).unwrap()).collect();
+        for b in &blocks {
+            p.deallocate(b.addr(), b.size(), &st).unwrap();
+        }
+        assert_eq!(p.stats().cached_bytes, 31 * 256);
+        blocks
+    });
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.cached_bytes, stats.in_use_bytes),
+        (0, 0),
+        "{stats:?}"
+    );
+    let ss = stream_stats(&pool, &s);
+    assert_eq!(
+        (ss.allocations, ss.frees),
+        (5, 5),
+        "the counters came along"
+    );
+    let in_list: usize = pool
+        .free_blocks()
+        .iter()
+        .filter(|(id, _)| *id == s.id())
+        .map(|(_, b)| b.size)
+        .sum();
+    assert!(in_list >= freed.iter().map(|b| b.size()).sum::<usize>());
+    assert_all_returned(&pool, &s);
+}
+
+#[test]
+fn detach_consolidate_and_flush_drain_every_threads_cache() {
+    for how in ["detach", "consolidate", "flush"] {
+        let emu = EmulatedStreams::new();
+        let pool = Arc::new(pool_with(&emu, PoolOptions::default().grow_bytes(1 << 16)));
+        let (s, t) = (emu.create_stream(), emu.create_stream());
+        let (cached, drained) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let h = {
+            let (pool, emu, s) = (Arc::clone(&pool), emu.clone(), s.clone());
+            let (c, d) = (Arc::clone(&cached), Arc::clone(&drained));
+            std::thread::spawn(move || {
+                let x = pool.allocate(8192, &s).unwrap();
+                emu.launch(&s, x.addr(), x.size());
+                pool.deallocate(x.addr(), x.size(), &s).unwrap();
+                c.wait();
+                d.wait();
+                x
+            })
+        };
+        cached.wait();
+        assert_eq!(pool.stats().cached_bytes, 8192, "{how}");
+        match how {
+            "detach" => pool.detach_stream(&s).unwrap(),
+            "consolidate" => pool.consolidate(&t).unwrap(),
+            _ => pool.flush_thread_caches(),
+        }
+        // The owner is still alive: the pool took the blocks out of its cache.
+        let stats = pool.stats();
+        assert_eq!((stats.cached_bytes, stats.in_use_bytes), (0, 0), "{how}");
+        assert_eq!(stats.free_bytes, stats.pool_bytes, "{how}");
+        drained.wait();
+        let x = h.join().unwrap();
+        let holder = if how == "consolidate" { t.id() } else { s.id() };
+        assert!(
+            pool.free_blocks()
+                .iter()
+                .any(|(id, b)| *id == holder && b.addr <= x.addr() && x.addr() < b.end()),
+            "{how}: {:?}",
+            pool.free_blocks()
+        );
+        if how == "detach" {
+            // The detach's record covers the cached block: t takes it after a wait.
+            let got = pool.allocate(8192, &t).unwrap();
+            emu.launch(&t, got.addr(), got.size());
+            assert!(emu.run_until_idle());
+            assert!(emu.hazards().is_empty(), "{:?}", emu.hazards());
+            pool.deallocate(got.addr(), got.size(), &t).unwrap();
+        }
+        assert_all_returned(&pool, &t);
+    }
+}
+
+#[test]
+fn pool_dropped_before_a_thread_with_a_cache_exits() {
+    let emu = EmulatedStreams::new();
+    let pool = Arc::new(pool_with(&emu, PoolOptions::default().grow_bytes(1 << 16)));
+    let s = emu.create_stream();
+    let (cached, dropped) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let h = {
+        let (pool, s) = (Arc::clone(&pool), s.clone());
+        let (c, d) = (Arc::clone(&cached), Arc::clone(&dropped));
+        std::thread::spawn(move || {
+            let x = pool.allocate(4096, &s).unwrap();
+            pool.deallocate(x.addr(), x.size(), &s).unwrap();
+            drop(pool);
+            c.wait();
+            d.wait();
+            // Exits with a cache whose pool is gone.
+        })
+    };
+    cached.wait();
+    drop(pool);
+    dropped.wait();
+    h.join().unwrap();
+}
+
+#[test]
+fn pool_at_its_limit_takes_blocks_from_other_threads_caches() {
+    let emu = EmulatedStreams::new();
+    let pool = Arc::new(pool_with(
+        &emu,
+        PoolOptions::default()
+            .grow_bytes(64 << 10)
+            .max_bytes(Some(64 << 10)),
+    ));
+    let (s, t) = (emu.create_stream(), emu.create_stream());
+    let (cached, done) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let h = {
+        let (pool, s) = (Arc::clone(&pool), s.clone());
+        let (c, d) = (Arc::clone(&cached), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let blocks: Vec<Block> = (0..16).map(|_| pool.allocate(4096, &s).unwrap()).collect();
+            for b in &blocks {
+                pool.deallocate(b.addr(), b.size(), &s).unwrap();
+            }
+            c.wait();
+            d.wait();
+        })
+    };
+    cached.wait();
+    assert_eq!(
+        pool.stats().cached_bytes,
+        64 << 10,
+        "the whole pool is cached"
+    );
+    let all = pool.allocate(64 << 10, &t).unwrap();
+    assert_eq!(all.size(), 64 << 10);
+    assert_eq!(pool.stats().chunks, 1);
+    done.wait();
+    h.join().unwrap();
+    pool.deallocate(all.addr(), all.size(), &t).unwrap();
+    assert_all_returned(&pool, &t);
+}
+
+#[test]
+fn thread_cache_refuses_a_double_free_and_stays_bounded() {
+    let emu = EmulatedStreams::new();
+    let pool = pool_with(&emu, PoolOptions::default().grow_bytes(1 << 20));
+    let s = emu.create_stream();
+    let a = pool.allocate(256, &s).unwrap();
+    pool.deallocate(a.addr(), 256, &s).unwrap();
+    assert_eq!(pool.cached_blocks().len(), 1);
+    assert!(matches!(
+        pool.deallocate(a.addr(), 256, &s),
+        Err(Error::InvalidArgument(m)) if m.contains("double free")
+    ));
+    assert_eq!(
+        pool.stats().in_use_bytes,
+        0,
+        "a refused free changes nothing"
+    );
+    // Many frees: the cache keeps a bounded number of blocks, the rest goes to the list.
+    let many: Vec<Block> = (0..200).map(|_| pool.allocate(1024, &s).unwrap()).collect();
+    for b in &many {
+        pool.deallocate(b.addr(), b.size(), &s).unwrap();
+    }
+    let cached = pool.cached_blocks();
+    let of_1k = cached.iter().filter(|(_, b)| b.size == 1024).count();
+    assert!((1..=16).contains(&of_1k), "{of_1k} blocks of 1 KiB cached");
+    // Many sizes: the cache keeps blocks of at most 16 of them.
+    let sizes: Vec<Block> = (1..=20)
+        .map(|k| pool.allocate(k * 256, &s).unwrap())
+        .collect();
+    for b in &sizes {
+        pool.deallocate(b.addr(), b.size(), &s).unwrap();
+    }
+    let mut kept: Vec<usize> = pool.cached_blocks().iter().map(|(_, b)| b.size).collect();
+    kept.dedup();
+    kept.sort_unstable();
+    kept.dedup();
+    assert!(kept.len() <= 16, "{kept:?}");
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.in_use_bytes, stats.free_bytes),
+        (0, stats.pool_bytes)
+    );
+    // A block over the cache's size goes straight to the list.
+    let big = pool.allocate(2 << 20, &s).unwrap();
+    pool.deallocate(big.addr(), big.size(), &s).unwrap();
+    assert!(pool.cached_blocks().iter().all(|(_, b)| b.size <= 1 << 20));
+    assert_all_returned(&pool, &s);
+}
+
+#[test]
+fn threads_sharing_streams_never_get_one_block_twice() {
+    const THREADS: usize = 8;
+    let emu = EmulatedStreams::new();
+    let pool = Arc::new(pool_with(
+        &emu,
+        PoolOptions::default()
+            .grow_bytes(256 << 10)
+            .max_bytes(Some(4 << 20)),
+    ));
+    let streams: Arc<Vec<EmulatedStream>> = Arc::new((0..3).map(|_| emu.create_stream()).collect());
+    // Every block handed out and not yet freed, by address: an overlap is a double hand-out.
+    let live: Arc<Mutex<std::collections::BTreeMap<usize, usize>>> = Arc::default();
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (pool, emu, streams, live) = (
+                Arc::clone(&pool),
+                emu.clone(),
+                Arc::clone(&streams),
+                Arc::clone(&live),
+            );
+            std::thread::spawn(move || {
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((t as u64 + 1) << 20);
+                let mut next = move || {
+                    rng ^= rng >> 12;
+                    rng ^= rng << 25;
+                    rng ^= rng >> 27;
+                    rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
+                };
+                let mut mine: Vec<(Block, usize)> = Vec::new();
+                for _ in 0..3000 {
+                    let r = next();
+                    if mine.len() < 12 && r % 3 != 0 {
+                        let on = (next() % 3) as usize;
+                        let size = 256 << (next() % 6);
+                        let b = match pool.allocate(size, &streams[on]) {
+                            Ok(b) => b,
+                            Err(Error::OutOfMemory(_)) => continue,
+                            Err(e) => panic!("{e}"),
+                        };
+                        {
+                            let mut live = live.lock().unwrap();
+                            let before = live.range(..b.addr() + b.size()).next_back();
+                            if let Some((&a, &n)) = before {
+                                assert!(a + n <= b.addr(), "{b:?} overlaps live [{a:#x}, +{n})");
+                            }
+                            live.insert(b.addr(), b.size());
+                        }
+                        emu.launch(&streams[on], b.addr(), b.size());
+                        mine.push((b, on));
+                    } else if !mine.is_empty() {
+                        let (b, used) = mine.swap_remove((r as usize / 3) % mine.len());
+                        live.lock().unwrap().remove(&b.addr());
+                        // Mostly on the stream that used it; sometimes on another, ordered
+                        // after the use by the caller.
+                        let on = if next() % 4 == 0 {
+                            (used + 1) % 3
+                        } else {
+                            used
+                        };
+                        if on != used {
+                            let ev = emu.create_event().unwrap();
+                            emu.record(&ev, &streams[used]).unwrap();
+                            emu.wait(&streams[on], &ev).unwrap();
+                        }
+                        pool.deallocate(b.addr(), b.size(), &streams[on]).unwrap();
+                    }
+                    if r % 7 == 0 {
+                        emu.advance(&streams[(r % 3) as usize], 4);
+                    }
+                }
+                for (b, on) in mine {
+                    live.lock().unwrap().remove(&b.addr());
+                    pool.deallocate(b.addr(), b.size(), &streams[on]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(emu.run_until_idle());
+    assert!(emu.hazards().is_empty(), "{:?}", emu.hazards());
+    assert_all_returned(&pool, &streams[0]);
 }

@@ -447,7 +447,17 @@ pub fn stress<B: Backend>(b: &Arc<B>, cfg: Stress) {
 }
 
 /// The stress shapes every backend runs.
-pub const STRESS: [Stress; 4] = [
+pub const STRESS: [Stress; 5] = [
+    // Threads sharing one stream (one default stream per device): the thread caches' case,
+    // with a limit, so that allocations must drain other threads' caches.
+    Stress {
+        threads: 12,
+        streams: 1,
+        ops: 3000,
+        max_live: 12,
+        max_bytes: Some(4 << 20),
+        policy: EventPolicy::OnSteal,
+    },
     Stress {
         threads: 8,
         streams: 6,

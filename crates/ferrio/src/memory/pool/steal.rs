@@ -117,8 +117,10 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         Ok(())
     }
 
-    /// Moves every other list's blocks into `own`, ordering `stream` after each list.
+    /// Moves every thread's cached blocks to their lists, then every other list's blocks into
+    /// `own`, ordering `stream` after each list.
     pub(super) fn gather(&self, own: &Arc<StreamList<S>>, stream: &S::Stream) -> Result<()> {
+        self.retire_caches(|_| true);
         for victim in self.other_lists(own.id) {
             let mut st = victim.lock();
             if st.removed || st.free.is_empty() {
@@ -163,7 +165,8 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
         let mut map = write(&self.streams);
         let mut st = list.lock();
         let same = map.get(&list.id).is_some_and(|l| Arc::ptr_eq(l, list));
-        if same && !st.removed && st.stream.is_none() && st.free.is_empty() {
+        if same && !st.removed && st.stream.is_none() && st.free.is_empty() && st.cache_entries == 0
+        {
             st.removed = true;
             self.flush(&mut st);
             self.in_use_retired
