@@ -148,6 +148,29 @@ def drop_caches() -> bool:
         return False
 
 
+FIO_SHAPES = {
+    "fio O_DIRECT bs 1 MiB iodepth 32": ("1M", 32),
+    "fio O_DIRECT bs 16 MiB iodepth 8": ("16M", 8),
+}
+
+
+def run_fio(fio: str, shape: str, files: list[str]) -> dict:
+    """The disk's yardstick on the checkpoint's own files: fio io_uring O_DIRECT, one job
+    reading every file once (cold), timed like a loader (seconds for all file bytes)."""
+    bs, depth = FIO_SHAPES[shape]
+    cmd = [fio, "--name=ckpt", f"--filename={':'.join(files)}", "--rw=read", f"--bs={bs}",
+           f"--iodepth={depth}", "--ioengine=io_uring", "--direct=1", "--numjobs=1",
+           "--output-format=json"]  # fmt: skip
+    t = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    secs = time.perf_counter() - t
+    if out.returncode != 0:
+        return {"error": (out.stderr.strip().splitlines() or ["fio failed"])[-1]}
+    job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]["read"]
+    # fio's own clock (runtime in ms) leaves out its start-up; the loaders' clocks start late too.
+    return {"seconds": job["runtime"] / 1000 or secs, "peak_gpu_bytes": 0}
+
+
 def run_child(loader: str, device: str, files: list[str]) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, loader, device, *files],
@@ -167,17 +190,25 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--loaders", default=",".join(LOADERS))
+    ap.add_argument("--warm-loaders", help="loaders for the warm rows (default: --loaders)")
+    ap.add_argument("--cold-loaders", help="loaders for the cold rows (default: --loaders)")
+    ap.add_argument("--fio", help="a fio binary: adds its two O_DIRECT shapes to the cold rows")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--checkpoints", choices=["both", "single", "4"], default="both",
                     help="which checkpoints: both, the single file, or the 4 shards")  # fmt: skip
     args = ap.parse_args()
-    loaders = args.loaders.split(",")
+    by_mode = {
+        "warm": (args.warm_loaders or args.loaders).split(","),
+        "cold": (args.cold_loaders or args.loaders).split(",")
+        + (list(FIO_SHAPES) if args.fio else []),
+    }
     ckpts = make_checkpoints(args.dir, args.checkpoints)
     results: dict[str, dict] = {}
     can_drop = drop_caches()
     for ckpt, files in ckpts.items():
         total = sum(os.path.getsize(p) for p in files)
         for mode in ["warm", "cold"] if can_drop else ["warm"]:
+            loaders = [name for name in by_mode[mode] if name]
             for r in range(args.rounds):
                 order = loaders[r % len(loaders) :] + loaders[: r % len(loaders)]
                 for loader in order:
@@ -185,7 +216,10 @@ def main() -> None:
                         warm(files)
                     else:
                         drop_caches()
-                    res = run_child(loader, args.device, files)
+                    if loader in FIO_SHAPES:
+                        res = run_fio(args.fio, loader, files)
+                    else:
+                        res = run_child(loader, args.device, files)
                     key = f"{ckpt} | {mode} | {loader}"
                     entry = results.setdefault(key, {"runs": [], "file_bytes": total})
                     entry["runs"].append(res)
