@@ -3,7 +3,7 @@
 import os
 import types
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, Self, final
+from typing import Any, Self, final, overload
 
 __all__ = [
     "Allocation",
@@ -191,8 +191,9 @@ class Residency:
     def share(self) -> float:
         """Share of the range that is cached, 0.0 to 1.0."""
 
+@overload
 def open(
-    path: _Path,
+    path: bytes | os.PathLike[str] | os.PathLike[bytes],
     mode: str = "r",
     *,
     task_size: _Setting | None = None,
@@ -201,7 +202,20 @@ def open(
     direct_write: _Setting | None = None,
     direct_overread: _Setting | None = None,
 ) -> File:
-    """Open a file for parallel reads and writes (a URL str opens a RemoteFile; see open_url)."""
+    """Open a local file (a path object or bytes is never a URL)."""
+
+@overload
+def open(
+    path: str,
+    mode: str = "r",
+    *,
+    task_size: _Setting | None = None,
+    cache: _Setting | None = None,
+    direct_read: _Setting | None = None,
+    direct_write: _Setting | None = None,
+    direct_overread: _Setting | None = None,
+) -> File | RemoteFile:
+    """Open a file, or a RemoteFile for a URL str (s3://, gs://, az://, http(s)://)."""
 
 def open_url(
     url: str,
@@ -309,7 +323,7 @@ class Allocation:
 _Header = tuple[int, dict[str, str] | None, list[tuple[str, str, list[int], int, int]]]
 
 def safetensors_read_header(path: _Path) -> _Header:
-    """Read and validate the header of a safetensors file."""
+    """Read and validate the header of a safetensors file, or of the object at a URL str."""
 
 def safetensors_parse_header(data: bytes) -> _Header:
     """Validate the header at the start of the bytes of a whole safetensors file."""
