@@ -7,8 +7,9 @@ GCS has, which the child adds before it starts (`_LAUNCHER`): HEAD, the `ETag` a
 bucket/object path; and it fails to store an empty object, which the child fixes too.
 Everything else is the emulator's. ferrio's GCS store is pointed at it the documented way for
 emulators: a service-account file with ``"gcs_base_url"`` and ``"disable_oauth": true``
-(``GOOGLE_SERVICE_ACCOUNT``), so every request takes the real GCS code path of `object_store`, unsigned. Sizes 0, 1 and a ragged
-multi-range object; a missing object; and an object replaced between two GETs of one read.
+(``GOOGLE_SERVICE_ACCOUNT``), so every request takes the real GCS code path of `object_store`,
+unsigned. Sizes 0, 1 and a ragged multi-range object; a missing object; and an object replaced
+between two GETs of one read.
 """
 
 from __future__ import annotations
