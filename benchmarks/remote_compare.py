@@ -4,15 +4,18 @@ The server is nginx (the OS package) on 127.0.0.1 with a private config in a tem
 directory, run in the foreground and stopped at the end. It serves one object at three paths:
 
 - ``/open/bucket/object.bin``: no cap (the loopback rate);
-- ``/capped/bucket/object.bin``: ``limit_rate`` (``--rate``; nginx applies it per request, and
-  a connection carries one request at a time), like an object store, which serves each
-  connection at a fraction of the client's link;
-- ``/slow/bucket/object.bin``: the same cap plus a first-byte delay (``--delay-ms``) on every
-  request, made with ``access_by_lua_block { ngx.sleep(...) }`` (Debian's
-  ``libnginx-mod-http-lua``): nginx sleeps before it answers, then serves the file as usual.
+- ``/capped/bucket/object.bin``: each request paced to ``--rate`` (an object store serves each
+  connection at a fraction of the client's link). nginx's own ``limit_rate`` cannot do this for
+  ranged reads: it grants every request one second of credit up front (``rate x (elapsed + 1)``),
+  so an 8 MiB range at 100 MB/s is never slowed. The pacing is ``access_by_lua_block``
+  (Debian's ``libnginx-mod-http-lua``) holding each request for ``length / rate`` seconds before
+  nginx sends it: a request completes when a stream at the cap would, its bytes arrive at the end
+  instead of spread over that time;
+- ``/slow/bucket/object.bin``: the same plus a first-byte delay (``--delay-ms``) per request.
 
-Without nginx (the GPU machine has none) a threaded Python server (``os.sendfile`` in 256 KiB
-steps, the same per-connection cap, the same per-request sleep) stands in; the table says which.
+Without nginx or its lua module (the GPU machine has neither) a threaded Python server stands
+in, streaming at the cap from the first byte (``os.sendfile`` in 256 KiB steps, paced), with the
+same per-request delay; the first line of the output says which server ran.
 Path-style ``/capped/bucket/object.bin`` is also an S3 endpoint for boto3 (unsigned requests;
 the server ignores authentication).
 
@@ -34,6 +37,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -207,7 +211,8 @@ def _run_client(name: str, url: str, size: int, timeout: float) -> tuple[float, 
         return f"timed out after {timeout:.0f}s"
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
-        return out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "failed"
+        last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "no message"
+        return f"failed (exit {out.returncode}): {last}"
     got = json.loads(out.stdout.strip().splitlines()[-1])
     if got["bytes"] != size:
         return f"read {got['bytes']} of {size} bytes"
@@ -242,11 +247,28 @@ http {{
     server {{
         listen 127.0.0.1:{port};
         location /open/ {{ alias {root}/; }}
-        location /capped/ {{ alias {root}/; limit_rate {rate}; }}
-        location /slow/ {{ alias {root}/; limit_rate {rate}; {delay} }}
+        location /capped/ {{ alias {root}/; {capped} }}
+        location /slow/ {{ alias {root}/; {slow} }}
     }}
 }}
 """
+
+# Holds a request for (its body's length / rate + delay) seconds, then lets nginx send it.
+PACE = """access_by_lua_block {
+    local size, rate, delay = %d, %d, %f
+    local n = size
+    if ngx.req.get_method() == "HEAD" then
+        n = 0
+    else
+        local a, b = string.match(ngx.var.http_range or "", "^bytes=(%%d+)-(%%d*)$")
+        if a then
+            local e = size
+            if b ~= "" then e = math.min(tonumber(b) + 1, size) end
+            n = math.max(e - tonumber(a), 0)
+        end
+    end
+    ngx.sleep(delay + n / rate)
+}"""
 
 LUA_MODULES = [
     "/usr/lib/nginx/modules/ndk_http_module.so",
@@ -271,21 +293,26 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes] | None, log: Path |
     raise SystemExit("the server did not start listening within 20 s")
 
 
+def _have_nginx() -> bool:
+    """Whether nginx and its lua module (the pacing) are installed."""
+    found = shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")
+    return bool(found) and all(os.path.exists(m) for m in LUA_MODULES)
+
+
 @contextlib.contextmanager
 def _nginx(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, str]]:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     tmp = Path(tempfile.mkdtemp(prefix="ferrio-nginx-"))
-    have_lua = all(os.path.exists(m) for m in LUA_MODULES)
-    delay = f"access_by_lua_block {{ ngx.sleep({delay_ms / 1000}) }}" if have_lua else ""
+    size = (root / "bucket" / "object.bin").stat().st_size
     conf = NGINX_CONF.format(
         workers=max(2, min(8, os.cpu_count() or 2)),
         tmp=tmp,
         user="user root;" if os.geteuid() == 0 else "",
-        modules="\n".join(f"load_module {m};" for m in LUA_MODULES) if have_lua else "",
+        modules="\n".join(f"load_module {m};" for m in LUA_MODULES),
         port=(port := _free_port()),
         root=root,
-        rate=rate,
-        delay=delay,
+        capped=PACE % (size, rate, 0.0),
+        slow=PACE % (size, rate, delay_ms / 1000),
     )
     (tmp / "nginx.conf").write_text(conf)
     proc = subprocess.Popen(
@@ -294,8 +321,8 @@ def _nginx(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, str]]:
     )  # fmt: skip
     try:
         _wait_listening(port, proc, tmp / "error.log")
-        how = f"nginx {_nginx_version(nginx)}, limit_rate {rate} B/s"
-        how += f", first byte +{delay_ms} ms (lua ngx.sleep)" if have_lua else ", no lua: no delay"
+        how = f"nginx {_nginx_version(nginx)}, each request paced to {rate} B/s (lua),"
+        how += f" slow: +{delay_ms} ms before the first byte"
         yield f"http://127.0.0.1:{port}", how
     finally:
         proc.terminate()
@@ -395,7 +422,8 @@ def _python_server(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, 
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
     try:
-        how = f"Python threaded server (no nginx), {rate} B/s per connection, +{delay_ms} ms"
+        how = f"Python threaded server (no nginx+lua), {rate} B/s per request, streamed;"
+        how += f" slow: +{delay_ms} ms before the first byte"
         yield f"http://127.0.0.1:{server.server_port}", how
     finally:
         server.shutdown()
@@ -459,15 +487,16 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write every run here too")
     ap.add_argument("--client", nargs=3, metavar=("NAME", "URL", "SIZE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    # A stopped run still stops its server (the `finally` blocks run).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if a.client:
         _client(a.client[0], a.client[1], int(a.client[2]))
         return
     size, rate = _size(a.size), _rate(a.rate)
     root = Path(a.dir or tempfile.mkdtemp(prefix="ferrio-remote-bench-"))
     _make_object(root, size)
-    use_nginx = a.server == "nginx" or (
-        a.server == "auto" and (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx"))
-    )
+    use_nginx = a.server == "nginx" or (a.server == "auto" and _have_nginx())
     serve = _nginx if use_nginx else _python_server
     clients = [c for c in a.clients.split(",") if c]
     if a.gpu:
