@@ -3,15 +3,16 @@ SHELL := /bin/bash
 CARGO ?= cargo
 PYTHON ?= python3
 BENCH_ARGS ?= --compare
-# moto[server]: the local S3 server of the remote-object tests (python/tests/test_remote.py).
+# moto[server]: the local S3 server of the remote-object tests (python/tests/test_remote.py);
+# gcp-storage-emulator: the local GCS server of python/tests/test_remote_gcs.py.
 # transformers and torch: the checkpoint interop tests (test_safetensors.py, test_transformers_interop.py).
-PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors "moto[server]" transformers \
-	filelock typing-extensions sympy networkx jinja2 fsspec
+PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors "moto[server]" gcp-storage-emulator \
+	transformers filelock typing-extensions sympy networkx jinja2 fsspec
 # torch without its dependencies: PyPI's build pulls 4 GiB of CUDA and triton libraries that the
 # host tests never load (its CPU parts import without them); its own Python dependencies are above.
 PY_TORCH := torch
 
-.PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-python install \
+.PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-python deps-node install \
 	build gpu-wheel gpu-test
 
 help:
@@ -25,9 +26,16 @@ deps-system:
 	  $$S apt-get update -qq && $$S apt-get install -y -qq fio >/dev/null; }
 
 deps-python:
-	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff, hypothesis, safetensors, moto.server, transformers, sympy, networkx, jinja2" 2>/dev/null || \
+	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff, hypothesis, safetensors, moto.server, gcp_storage_emulator, transformers, sympy, networkx, jinja2" 2>/dev/null || \
 	  $(PYTHON) -m pip install -q $(PY_TOOLS)
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q --no-deps $(PY_TORCH)
+
+# Azurite (the Azure Blob emulator of python/tests/test_remote_azure.py) comes from npm into
+# .tools/; where npm's registry cannot be reached the Azure tests skip and say so.
+deps-node:
+	@[ -x .tools/node_modules/.bin/azurite-blob ] || ! command -v npm >/dev/null || \
+	  timeout 300 npm install -s --no-audit --no-fund --prefix .tools azurite >/dev/null 2>&1 || \
+	  echo "note: npm could not install azurite into .tools; the az:// tests will skip"
 
 # The Python package, with the `ferrio` command (a release build of the whole engine).
 install: deps-python
@@ -57,7 +65,7 @@ lint: rust-lint py-lint
 rust-test:
 	$(CARGO) test --workspace
 
-py-test: install
+py-test: install deps-node
 	$(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 test: lint rust-test py-test

@@ -229,8 +229,9 @@ class Residency:
     def share(self) -> float:
         """Share of the range that is cached, 0.0 to 1.0."""
 
+@overload
 def open(
-    path: _Path,
+    path: bytes | os.PathLike[str] | os.PathLike[bytes],
     mode: str = "r",
     *,
     task_size: _Setting | None = None,
@@ -239,10 +240,46 @@ def open(
     direct_write: _Setting | None = None,
     direct_overread: _Setting | None = None,
 ) -> File:
-    """Open a file for parallel reads and writes.
+    """Open a local file (a path object or bytes is never a URL)."""
 
-    A URL str opens a RemoteFile (mode "r") or a RemoteWriter (mode "w"); see open_url.
-    """
+@overload
+def open(
+    path: str,
+    mode: Literal["r", "rb"] = "r",
+    *,
+    task_size: _Setting | None = None,
+    cache: _Setting | None = None,
+    direct_read: _Setting | None = None,
+    direct_write: _Setting | None = None,
+    direct_overread: _Setting | None = None,
+) -> File | RemoteFile:
+    """Open a file for reading, or a RemoteFile for a URL (s3://, gs://, az://, http(s)://)."""
+
+@overload
+def open(
+    path: str,
+    mode: Literal["w", "wb"],
+    *,
+    task_size: _Setting | None = None,
+    cache: _Setting | None = None,
+    direct_read: _Setting | None = None,
+    direct_write: _Setting | None = None,
+    direct_overread: _Setting | None = None,
+) -> File | RemoteWriter:
+    """Open a file for writing, or a RemoteWriter (multipart upload) for a URL."""
+
+@overload
+def open(
+    path: str,
+    mode: str,
+    *,
+    task_size: _Setting | None = None,
+    cache: _Setting | None = None,
+    direct_read: _Setting | None = None,
+    direct_write: _Setting | None = None,
+    direct_overread: _Setting | None = None,
+) -> File | RemoteFile | RemoteWriter:
+    """Open a file, or an object in remote storage for a URL str; see open_url."""
 
 @overload
 def open_url(
@@ -365,7 +402,7 @@ class Allocation:
 _Header = tuple[int, dict[str, str] | None, list[tuple[str, str, list[int], int, int]]]
 
 def safetensors_read_header(path: _Path) -> _Header:
-    """Read and validate the header of a safetensors file."""
+    """Read and validate the header of a safetensors file, or of the object at a URL str."""
 
 def safetensors_parse_header(data: bytes) -> _Header:
     """Validate the header at the start of the bytes of a whole safetensors file."""

@@ -1,11 +1,14 @@
 //! The safetensors format for `ferrio.safetensors`: reading and validating a header (GIL
-//! released), parsing one from bytes, and building the header of a new file. Tensor bytes move
-//! through `File` in the Python layer; nothing here reads or writes them.
+//! released) of a local file or of a remote object (`s3://`, `gs://`, `az://`, `http(s)://`:
+//! ranged GETs of the header alone), parsing one from bytes, and building the header of a new
+//! file. Tensor bytes move through `File`/`RemoteFile` in the Python layer; nothing here reads
+//! or writes them.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ferrio::safetensors::{header_bytes, Dtype, Header, TensorSpec};
+use ferrio::{Error, RemoteFile};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -30,14 +33,57 @@ fn to_py(h: Header) -> PyHeader {
     (start, h.metadata, tensors)
 }
 
-/// Reads and validates the header of the safetensors file at `path`.
+/// Bytes of a remote object's first GET: the whole header of most checkpoints (a header is
+/// about 100 bytes per tensor), so one round trip usually suffices.
+const FIRST_GET: usize = 256 << 10;
+
+/// Reads and validates the header of the safetensors object at `url` with ranged GETs: the
+/// first [`FIRST_GET`] bytes, then the rest of the header if it is longer.
+fn read_remote_header(url: &str) -> ferrio::Result<Header> {
+    let object = RemoteFile::open(url)?;
+    let at_url = |e: Error| match e {
+        Error::Safetensors { tensor, rule, .. } => Error::Safetensors {
+            path: PathBuf::from(url),
+            tensor,
+            rule,
+        },
+        other => other,
+    };
+    let first = usize::try_from(object.len()).map_or(FIRST_GET, |n| n.min(FIRST_GET));
+    let mut prefix = vec![0u8; first];
+    let got = object.read_at(&mut prefix, 0)?;
+    prefix.truncate(got);
+    let n = Header::json_len(&prefix, object.len()).map_err(at_url)?;
+    // `json_len` checked `8 + n` against the object's size and the header limit.
+    let total = (8 + n) as usize;
+    if total > prefix.len() {
+        let have = prefix.len();
+        prefix.resize(total, 0);
+        let got = object.read_at(&mut prefix[have..], have as u64)?;
+        prefix.truncate(have + got);
+    }
+    Header::parse(&prefix, object.len()).map_err(at_url)
+}
+
+/// Reads and validates the header of the safetensors file at `path`, or of the object at a
+/// remote URL (a `str` that `ferrio.is_remote_url` accepts).
 #[pyfunction]
 pub(crate) fn safetensors_read_header(
     py: Python<'_>,
-    #[pyo3(from_py_with = crate::paths::fs_path)] path: PathBuf,
+    path: &Bound<'_, PyAny>,
 ) -> PyResult<PyHeader> {
-    let h = without_gil(py, || Header::read_path(&path))?.map_err(to_pyerr)?;
-    Ok(to_py(h))
+    let url = path
+        .extract::<String>()
+        .ok()
+        .filter(|p| ferrio::remote::is_remote_url(p));
+    let h = match url {
+        Some(url) => without_gil(py, || read_remote_header(&url))?,
+        None => {
+            let path = crate::paths::fs_path(path)?;
+            without_gil(py, || Header::read_path(&path))?
+        }
+    };
+    Ok(to_py(h.map_err(to_pyerr)?))
 }
 
 /// Validates the header at the start of `data`, the whole content of a safetensors file.

@@ -15,6 +15,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 
@@ -143,8 +144,16 @@ pub struct Settings {
     pub bounce_grow_in_background: bool,
     /// Bytes per ranged GET when reading a remote object.
     pub remote_range_size: u64,
-    /// Ranged GETs in flight per remote object.
+    /// Ranged GETs in flight per remote store (all objects of one bucket or server share them).
     pub remote_concurrency: usize,
+    /// Longest wait for a connection to a remote store.
+    pub remote_connect_timeout: Duration,
+    /// Longest time one request to a remote store may take, its body included.
+    pub remote_timeout: Duration,
+    /// Retries of one failed request (429, 5xx, dropped connection) before the read fails.
+    pub remote_retries: usize,
+    /// Longest time one request may spend being retried, waits included.
+    pub remote_retry_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -168,6 +177,10 @@ impl Default for Settings {
             bounce_grow_in_background: false,
             remote_range_size: 0,
             remote_concurrency: 0,
+            remote_connect_timeout: Duration::ZERO,
+            remote_timeout: Duration::ZERO,
+            remote_retries: 0,
+            remote_retry_timeout: Duration::ZERO,
         };
         for info in SETTINGS {
             let parsed = (info.set)(&mut s, info.default);
@@ -388,7 +401,8 @@ pub const SETTINGS: &[SettingInfo] = &[
         env: "FERRIO_REMOTE_CONCURRENCY",
         unit: "requests (1 to 1024)",
         default: "32",
-        doc: "ranged GETs in flight per remote object",
+        doc: "ranged GETs in flight per remote store: all objects of one bucket, container or \
+              server opened with the same value share this many",
         get: |s| s.remote_concurrency.to_string(),
         set: |s, v| {
             let n = count(v, 1, "at least 1 request")?;
@@ -399,9 +413,114 @@ pub const SETTINGS: &[SettingInfo] = &[
             Ok(())
         },
     },
+    SettingInfo {
+        name: "remote_connect_timeout",
+        env: "FERRIO_REMOTE_CONNECT_TIMEOUT",
+        unit: "seconds (e.g. 5, 500ms, 2m)",
+        default: "5s",
+        doc: "longest wait for a connection to a remote store; then the request fails (and is \
+              retried)",
+        get: |s| format_duration(s.remote_connect_timeout),
+        set: |s, v| {
+            s.remote_connect_timeout = duration(v, true)?;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "remote_timeout",
+        env: "FERRIO_REMOTE_TIMEOUT",
+        unit: "seconds (e.g. 120, 90s, 2m)",
+        default: "120s",
+        doc: "longest time one ranged GET may take, body included; then it fails (and is \
+              retried)",
+        get: |s| format_duration(s.remote_timeout),
+        set: |s, v| {
+            s.remote_timeout = duration(v, true)?;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "remote_retries",
+        env: "FERRIO_REMOTE_RETRIES",
+        unit: "count (0 to 100)",
+        default: "5",
+        doc: "times one failed request to a remote store (429, 5xx, dropped connection) is \
+              retried, with backoff, before the read fails",
+        get: |s| s.remote_retries.to_string(),
+        set: |s, v| {
+            let n = count(v, 0, "at least 0")?;
+            if n > MAX_REMOTE_RETRIES {
+                return Err("at most 100 retries");
+            }
+            s.remote_retries = n;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "remote_retry_timeout",
+        env: "FERRIO_REMOTE_RETRY_TIMEOUT",
+        unit: "seconds (e.g. 60, 30s, 5m)",
+        default: "60s",
+        doc: "longest time one request may spend being retried, waits included; 0 retries no \
+              request",
+        get: |s| format_duration(s.remote_retry_timeout),
+        set: |s, v| {
+            s.remote_retry_timeout = duration(v, false)?;
+            Ok(())
+        },
+    },
 ];
 
-/// Most ranged GETs in flight per remote object: more would only queue in the client.
+/// Most retries of one remote request: past this a dead endpoint only takes longer to report.
+const MAX_REMOTE_RETRIES: usize = 100;
+
+/// Longest remote timeout accepted: a day; a larger value is a typo, not a wish.
+const MAX_REMOTE_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+const DURATION_FORMS: &str =
+    "a time such as 5, 5s, 500ms, 2m or 1h (whole numbers; a bare number is seconds; at most 24h)";
+
+/// A time of at most a day; zero only if `positive` is false.
+fn duration(v: &str, positive: bool) -> std::result::Result<Duration, &'static str> {
+    let d = parse_duration(v).ok_or(DURATION_FORMS)?;
+    if d > MAX_REMOTE_WAIT {
+        return Err(DURATION_FORMS);
+    }
+    if positive && d.is_zero() {
+        return Err("more than 0 (e.g. 5s or 500ms)");
+    }
+    Ok(d)
+}
+
+/// Parses a human time: `5` and `5s` (seconds), `500ms`, `2m`, `1h`. Case-insensitive; whole
+/// numbers only.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    if digits.is_empty() {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "s" | "sec" | "secs" => Some(Duration::from_secs(n)),
+        "ms" => Some(Duration::from_millis(n)),
+        "m" | "min" => n.checked_mul(60).map(Duration::from_secs),
+        "h" => n.checked_mul(3600).map(Duration::from_secs),
+        _ => None,
+    }
+}
+
+/// A time as [`parse_duration`] reads it back: `5s`, or `500ms` below whole seconds.
+fn format_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// Most ranged GETs in flight per remote store: more would only queue in the client.
 const MAX_REMOTE_CONCURRENCY: usize = 1024;
 
 const SIZE_FORMS: &str = "a byte count such as 4194304, 4MiB, 4M, 512KiB, 2GiB or 1G";
@@ -749,6 +868,40 @@ mod tests {
         assert_eq!(d.bounce_buffer_size, 4 << 20);
         assert_eq!(d.bounce_buffers, 2);
         assert_eq!(d.pinned_limit, 1 << 30);
+        assert_eq!(d.remote_connect_timeout, Duration::from_secs(5));
+        assert_eq!(d.remote_timeout, Duration::from_secs(120));
+        assert_eq!(d.remote_retries, 5);
+        assert_eq!(d.remote_retry_timeout, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn remote_times_parse_and_bad_ones_name_the_variable() {
+        assert_eq!(parse_duration("5"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_duration(" 90s "), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1H"), Some(Duration::from_secs(3600)));
+        for bad in ["", "s", "1.5s", "5 days", "-1", "99999999999999999999h"] {
+            assert_eq!(parse_duration(bad), None, "{bad:?}");
+        }
+        let mut s = Settings::default();
+        s.set("remote_timeout", "500ms").unwrap();
+        assert_eq!(s.get("remote_timeout").unwrap(), "500ms");
+        s.set("FERRIO_REMOTE_RETRY_TIMEOUT", "0").unwrap();
+        assert_eq!(s.remote_retry_timeout, Duration::ZERO);
+        s.set("remote_retries", "0").unwrap();
+        let before = s.clone();
+        for (name, bad, forms) in [
+            ("FERRIO_REMOTE_TIMEOUT", "soon", "500ms"),
+            ("FERRIO_REMOTE_TIMEOUT", "0", "more than 0"),
+            ("FERRIO_REMOTE_CONNECT_TIMEOUT", "25h", "at most 24h"),
+            ("FERRIO_REMOTE_RETRIES", "101", "at most 100"),
+            ("FERRIO_REMOTE_RETRIES", "-1", "whole number"),
+        ] {
+            let e = s.set(name, bad).unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains(forms), "{e}");
+        }
+        assert_eq!(s, before, "a refused value changes nothing");
     }
 
     #[test]

@@ -10,7 +10,12 @@ swapping the import is the whole migration. On top of that:
 - ``tensor_filter=["model.layers.0.*", ...]`` (``fnmatch`` globs) reads only the selected
   tensors' bytes; ``get_slice(name)[rows]`` reads only the rows asked for;
 - ``device="cuda:N"`` reads file bytes straight into GPU memory through ferrio's pinned bounce
-  buffers, with no host copy of the checkpoint.
+  buffers, with no host copy of the checkpoint;
+- a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``) reads from object storage: the header
+  with a ranged GET, the tensor bytes with ferrio's parallel ranged GETs (into host or GPU
+  memory), every GET conditional on the version seen at open. A sharded checkpoint is named by
+  its ``*.safetensors.index.json`` URL (shards resolve beside it) or a list of shard URLs; a
+  "directory" URL is refused, since an object store cannot be listed without extra rights.
 
 Ownership: a load allocates ONE ``uint8`` buffer per call for all the bytes it selects (plus at
 most 7 bytes per contiguous run, to keep each tensor at its file alignment), and every tensor
@@ -37,6 +42,7 @@ from typing import Any
 import ferrio
 from ferrio._native import (
     SafetensorError,
+    is_remote_url,
     safetensors_header_bytes,
     safetensors_parse_header,
     safetensors_read_header,
@@ -80,6 +86,20 @@ class _Tensor:
         return self.end - self.begin
 
 
+def _read_index(p: str) -> Any:
+    """Parse the JSON of a local index file or of an index object at a URL."""
+    try:
+        if is_remote_url(p):
+            with ferrio.open(p, "r") as f:
+                raw = bytearray(f.size)
+                f.read(raw)
+            return json.loads(raw)
+        with open(p, "rb") as local:
+            return json.load(local)
+    except ValueError as e:
+        raise SafetensorError(f"index {p}: not valid JSON: {e}") from None
+
+
 def _shard_files(
     path: PathLike | Sequence[PathLike],
 ) -> tuple[list[str], dict[str, str] | None]:
@@ -87,7 +107,13 @@ def _shard_files(
     if isinstance(path, list | tuple):
         return [os.fspath(p) for p in path], None
     p = os.fspath(path)  # type: ignore[arg-type]
-    if os.path.isdir(p):
+    remote = is_remote_url(p)
+    if remote and p.endswith("/"):
+        raise SafetensorError(
+            f"{p}: a URL must name one object (an object store cannot be listed): give the "
+            "*.safetensors.index.json URL or the list of shard URLs"
+        )
+    if not remote and os.path.isdir(p):
         indexes = sorted(f for f in os.listdir(p) if f.endswith(".safetensors.index.json"))
         if len(indexes) == 1:
             return _shard_files(os.path.join(p, indexes[0]))
@@ -96,18 +122,18 @@ def _shard_files(
             raise FileNotFoundError(f"no *.safetensors file in directory {p!r}")
         return [os.path.join(p, f) for f in files], None
     if p.endswith(".json"):
-        with open(p, "rb") as f:
-            try:
-                index = json.load(f)
-            except ValueError as e:
-                raise SafetensorError(f"index {p}: not valid JSON: {e}") from None
+        index = _read_index(p)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not all(
             isinstance(v, str) for v in weight_map.values()
         ):
             raise SafetensorError(f"index {p}: weight_map must map tensor names to file names")
-        base = os.path.dirname(p)
-        mapped = {k: os.path.join(base, v) for k, v in weight_map.items()}
+        if remote:  # shards are objects beside the index
+            base = p.rsplit("/", 1)[0]
+            mapped = {k: f"{base}/{v}" for k, v in weight_map.items()}
+        else:
+            base = os.path.dirname(p)
+            mapped = {k: os.path.join(base, v) for k, v in weight_map.items()}
         return sorted(set(mapped.values())), mapped
     return [p], None
 
@@ -179,7 +205,7 @@ class _Load:
             self.at[t.name] = run[3] + (t.begin - run[1])
             size = run[3] + (run[2] - run[1])
         self.buf = fw.empty(size)
-        self.files: dict[str, ferrio.File] = {}
+        self.files: dict[str, ferrio.File | ferrio.RemoteFile] = {}
 
     def start(self, runs: Sequence[tuple[str, int, int, int]]) -> list[ferrio.IOFuture]:
         futures = []
@@ -447,7 +473,7 @@ def save_file(
         os.path.dirname(target), f".{os.path.basename(target)}.ferrio-tmp-{os.getpid()}"
     )
     try:
-        with ferrio.open(tmp, "w") as f:
+        with ferrio.File(tmp, "w") as f:  # a local name: never a URL
             futures = [f.pwrite(header, offset=0)]
             futures += [f.pwrite(raw, offset=at) for raw, at in parts]
             ferrio.wait(futures)

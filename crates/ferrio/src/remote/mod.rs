@@ -5,7 +5,8 @@
 //! A remote object is another *source* for the same destinations as a [`crate::File`]: a read
 //! is planned into range tasks like a local read (`plan::split`, with
 //! [`Settings::remote_range_size`]), the tasks run as ranged GETs on one tokio runtime inside
-//! the library (`runtime.rs`), at most [`Settings::remote_concurrency`] at once per object, and
+//! the library (`runtime.rs`), at most [`Settings::remote_concurrency`] at once per store (all
+//! objects of one bucket, container or server share the cap: `store::in_flight_cap`), and
 //! each lands directly in its slice of the caller's memory; the same [`IoFuture`] reports the
 //! outcome. GPU memory is filled through the existing bounce ring, fed by ranged GETs instead of
 //! `pread`, so no new GPU path exists. The object's size and version (ETag, version id) are
@@ -77,10 +78,16 @@ struct Inner {
     e_tag: Option<String>,
     version: Option<String>,
     settings: Settings,
-    /// The store and the process that built it: a forked child builds its own, since the
-    /// parent's connections belong to the parent's runtime.
-    store: Mutex<(u32, Arc<dyn ObjectStore>)>,
-    /// Ranges in flight for this object, across all its reads.
+    /// The process that built them, the store, and the cap on ranges in flight this object
+    /// shares with the other objects of its store: a forked child builds its own, since the
+    /// parent's connections belong to the parent's runtime and its permits to its tasks.
+    store: Mutex<Connection>,
+}
+
+/// What a process needs to talk to an object's store.
+struct Connection {
+    pid: u32,
+    store: Arc<dyn ObjectStore>,
     in_flight: Arc<Semaphore>,
 }
 
@@ -112,7 +119,7 @@ impl RemoteFile {
     /// As for [`RemoteFile::open`].
     pub fn open_with(url: &str, settings: Settings) -> Result<RemoteFile> {
         let location = store::parse(url)?;
-        let store = store::build(&location)?;
+        let store = store::build_with(&location, &settings)?;
         let handle = runtime::handle()?;
         let open_err = |source| Error::Open {
             path: url.into(),
@@ -122,7 +129,7 @@ impl RemoteFile {
         let meta = handle
             .block_on(store.head(&location.path))
             .map_err(|e| open_err(store::io_error(e)))?;
-        let in_flight = Arc::new(Semaphore::new(settings.remote_concurrency.max(1)));
+        let in_flight = store::in_flight_cap(&location, &settings);
         Ok(RemoteFile {
             inner: Arc::new(Inner {
                 url: url.into(),
@@ -131,8 +138,11 @@ impl RemoteFile {
                 e_tag: meta.e_tag,
                 version: meta.version,
                 settings,
-                store: Mutex::new((crate::sys::process_id(), store)),
-                in_flight,
+                store: Mutex::new(Connection {
+                    pid: crate::sys::process_id(),
+                    store,
+                    in_flight,
+                }),
             }),
         })
     }
@@ -162,21 +172,28 @@ impl RemoteFile {
         self.inner.version.as_deref()
     }
 
-    /// The store for this process: the one built at open, or a new one in a forked child.
-    fn pinned(&self) -> Result<fetch::Pinned> {
+    /// The store and in-flight cap for this process: those of the open, or new ones in a
+    /// forked child.
+    fn pinned(&self) -> Result<(fetch::Pinned, Arc<Semaphore>)> {
         let pid = crate::sys::process_id();
+        let (location, settings) = (&self.inner.location, &self.inner.settings);
         // Only ever replaced whole, so a poisoned lock still holds a valid value.
         let mut slot = self.inner.store.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.0 != pid {
-            *slot = (pid, store::build(&self.inner.location)?);
+        if slot.pid != pid {
+            *slot = Connection {
+                pid,
+                store: store::build_with(location, settings)?,
+                in_flight: store::in_flight_cap(location, settings),
+            };
         }
-        Ok(fetch::Pinned {
-            store: slot.1.clone(),
-            path: self.inner.location.path.clone(),
+        let pinned = fetch::Pinned {
+            store: slot.store.clone(),
+            path: location.path.clone(),
             url: self.inner.url.clone(),
             e_tag: self.inner.e_tag.clone(),
             version: self.inner.version.clone(),
-        })
+        };
+        Ok((pinned, slot.in_flight.clone()))
     }
 
     /// Bytes of `[offset, offset+len)` that lie inside the object.
@@ -241,14 +258,14 @@ impl RemoteFile {
         if tasks.is_empty() {
             return Ok(completion);
         }
-        let pinned = self.pinned()?;
+        let (pinned, in_flight) = self.pinned()?;
         let handle = runtime::handle()?;
         let end = self.inner.len;
         for task in tasks {
             let dst = SendPtr(ptr.wrapping_add(task.buf_offset));
             let pinned = pinned.clone();
             let completion = completion.clone();
-            let in_flight = self.inner.in_flight.clone();
+            let in_flight = in_flight.clone();
             handle.spawn(async move {
                 let _permit = in_flight.acquire_owned().await;
                 if completion.is_cancelled() {
@@ -316,7 +333,7 @@ impl RemoteFile {
         if dst.checked_add(len).is_none() {
             return Err(Error::InvalidArgument("device range wraps around".into()));
         }
-        let pinned = self.pinned()?;
+        let (pinned, in_flight) = self.pinned()?;
         let handle = runtime::handle()?;
         let settings = self.inner.settings.clone();
         // One task for the whole transfer: the ring fills its buffers in order, and the GETs
@@ -338,7 +355,10 @@ impl RemoteFile {
                 let mut gets = futures::stream::iter(ranges)
                     .map(|r| {
                         let pinned = pinned.clone();
+                        let in_flight = in_flight.clone();
                         async move {
+                            // The store's cap holds here too: GPU and host reads share it.
+                            let _permit = in_flight.acquire_owned().await;
                             let mut piece = vec![0u8; r.len];
                             pinned
                                 .fetch_into(

@@ -1,12 +1,13 @@
 //! Which store a URL names, and the store itself: `object_store`'s own URL parsing
 //! ([`ObjectStoreScheme::parse`]) and builders, configured from the environment the way each
-//! store's users expect (`AWS_*`, `GOOGLE_*`, `AZURE_*`), with bounded retries and timeouts.
-//! Also the one place that turns `object_store` errors into [`io::Error`]s of the right kind.
+//! store's users expect (`AWS_*`, `GOOGLE_*`, `AZURE_*`), with the retries and timeouts of
+//! [`Settings`], and the cap on requests in flight that all objects of one store share. Also the
+//! one place that turns `object_store` errors into [`io::Error`]s of the right kind.
 //!
 //! No bytes move here; ranges are `fetch.rs`'s concern.
 
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use object_store::aws::AmazonS3Builder;
@@ -15,8 +16,10 @@ use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::http::HttpBuilder;
 use object_store::path::Path;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreScheme, RetryConfig};
+use tokio::sync::Semaphore;
 use url::Url;
 
+use crate::config::Settings;
 use crate::error::{Error, Result};
 
 /// A parsed remote URL: the store kind and the object's path inside it.
@@ -77,26 +80,66 @@ pub(crate) fn parse(url: &str) -> Result<Location> {
 }
 
 /// Retries of one request: object_store backs off with jitter on 429, 5xx and dropped
-/// connections; the count and the total time are bounded so that a dead endpoint fails.
-fn retry_config() -> RetryConfig {
+/// connections; the count and the total time are bounded (`remote_retries`,
+/// `remote_retry_timeout`) so that a dead endpoint fails.
+fn retry_config(settings: &Settings) -> RetryConfig {
     RetryConfig {
         backoff: BackoffConfig {
             init_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
             base: 2.0,
         },
-        max_retries: 5,
-        retry_timeout: Duration::from_secs(60),
+        max_retries: settings.remote_retries,
+        retry_timeout: settings.remote_retry_timeout,
     }
 }
 
-/// Timeouts of one request: connecting must be quick; a whole ranged GET gets longer, since its
-/// body may be large on a slow link.
-fn client_options(allow_http: bool) -> ClientOptions {
+/// Timeouts of one request (`remote_connect_timeout`, `remote_timeout`): connecting must be
+/// quick; a whole ranged GET gets longer, since its body may be large on a slow link.
+fn client_options(settings: &Settings, allow_http: bool) -> ClientOptions {
     ClientOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_timeout(Duration::from_secs(120))
+        .with_connect_timeout(settings.remote_connect_timeout)
+        .with_timeout(settings.remote_timeout)
         .with_allow_http(allow_http)
+}
+
+/// The caps on requests in flight, one per store and cap size, for as long as an object of that
+/// store is open.
+static IN_FLIGHT: Mutex<Vec<(String, Weak<Semaphore>)>> = Mutex::new(Vec::new());
+
+/// The cap on ranged GETs in flight that every object of `loc`'s store shares, of
+/// `settings.remote_concurrency` permits: a store (bucket, container, server) limits a client's
+/// connections and serves each at a fraction of the link, so ten objects read at once must not
+/// open ten times as many. Objects opened with another `remote_concurrency`, and forked
+/// children, get caps of their own.
+pub(crate) fn in_flight_cap(loc: &Location, settings: &Settings) -> Arc<Semaphore> {
+    let n = settings.remote_concurrency.max(1);
+    let key = format!(
+        "{}|{}|{n}",
+        crate::sys::process_id(),
+        &loc.url[..url::Position::BeforePath]
+    );
+    // Entries are only ever pushed or removed whole, so a poisoned lock holds a valid list.
+    let mut caps = IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
+    caps.retain(|(_, cap)| cap.strong_count() > 0);
+    if let Some(cap) = caps
+        .iter()
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, c)| c.upgrade())
+    {
+        return cap;
+    }
+    let cap = Arc::new(Semaphore::new(n));
+    caps.push((key, Arc::downgrade(&cap)));
+    cap
+}
+
+/// Builds the store for `loc` with the settings in force ([`Settings::current`]); see
+/// [`build_with`]. For callers that hold no settings snapshot (writes and copies build their
+/// stores through here); reads pass the snapshot of their open.
+#[allow(dead_code)]
+pub(crate) fn build(loc: &Location) -> Result<Arc<dyn ObjectStore>> {
+    build_with(loc, &Settings::current())
 }
 
 /// The process environment's variables that start with `prefix`, as lowercase config keys.
@@ -131,7 +174,8 @@ fn has_any(options: &[(String, String)], keys: &[&str]) -> bool {
 /// Builds the store for `loc` from the environment. Without credentials in the environment the
 /// requests go unsigned (public buckets); a user of instance credentials (EC2, GCE, managed
 /// identity) turns signing on with `AWS_SKIP_SIGNATURE=false` (or the GOOGLE_/AZURE_ twin).
-pub(crate) fn build(loc: &Location) -> Result<Arc<dyn ObjectStore>> {
+/// Timeouts and retries come from `settings`.
+pub(crate) fn build_with(loc: &Location, settings: &Settings) -> Result<Arc<dyn ObjectStore>> {
     let url = loc.url.as_str();
     let bad = |e: object_store::Error| {
         Error::InvalidArgument(format!("cannot use object URL {url:?}: {e}"))
@@ -150,8 +194,8 @@ pub(crate) fn build(loc: &Location) -> Result<Arc<dyn ObjectStore>> {
                 opts.push(("aws_skip_signature".into(), "true".into()));
             }
             let builder = AmazonS3Builder::new()
-                .with_client_options(client_options(false))
-                .with_retry(retry_config());
+                .with_client_options(client_options(settings, false))
+                .with_retry(retry_config(settings));
             let builder = configured(builder, opts, |b, key, v| b.with_config(key, v));
             Arc::new(builder.with_url(url).build().map_err(bad)?)
         }
@@ -173,8 +217,8 @@ pub(crate) fn build(loc: &Location) -> Result<Arc<dyn ObjectStore>> {
                 opts.push(("google_skip_signature".into(), "true".into()));
             }
             let builder = GoogleCloudStorageBuilder::new()
-                .with_client_options(client_options(false))
-                .with_retry(retry_config());
+                .with_client_options(client_options(settings, false))
+                .with_retry(retry_config(settings));
             let builder = configured(builder, opts, |b, key, v| b.with_config(key, v));
             Arc::new(builder.with_url(url).build().map_err(bad)?)
         }
@@ -197,8 +241,8 @@ pub(crate) fn build(loc: &Location) -> Result<Arc<dyn ObjectStore>> {
                 opts.push(("azure_skip_signature".into(), "true".into()));
             }
             let builder = MicrosoftAzureBuilder::new()
-                .with_client_options(client_options(false))
-                .with_retry(retry_config());
+                .with_client_options(client_options(settings, false))
+                .with_retry(retry_config(settings));
             let builder = configured(builder, opts, |b, key, v| b.with_config(key, v));
             Arc::new(builder.with_url(url).build().map_err(bad)?)
         }
@@ -206,8 +250,8 @@ pub(crate) fn build(loc: &Location) -> Result<Arc<dyn ObjectStore>> {
             // The store is the server; the object's path is relative to it.
             let base = &loc.url[..url::Position::BeforePath];
             let builder = HttpBuilder::new()
-                .with_client_options(client_options(loc.url.scheme() == "http"))
-                .with_retry(retry_config())
+                .with_client_options(client_options(settings, loc.url.scheme() == "http"))
+                .with_retry(retry_config(settings))
                 .with_url(base);
             Arc::new(builder.build().map_err(bad)?)
         }

@@ -7,7 +7,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -21,8 +21,11 @@ struct Object {
     /// After this many GETs the object is replaced (usize::MAX: never).
     replace_after: AtomicUsize,
     gets: AtomicUsize,
-    /// GETs wait this long before answering (a server that has stopped sending).
-    stall_ms: AtomicUsize,
+    /// Milliseconds each GET waits before it answers.
+    delay_ms: AtomicU64,
+    /// GETs being answered now, and the most there ever were at once.
+    active: AtomicUsize,
+    most_active: AtomicUsize,
 }
 
 struct Server {
@@ -54,7 +57,9 @@ fn serve(body: Vec<u8>) -> Server {
         ignore_range: AtomicBool::new(false),
         replace_after: AtomicUsize::new(usize::MAX),
         gets: AtomicUsize::new(0),
-        stall_ms: AtomicUsize::new(0),
+        delay_ms: AtomicU64::new(0),
+        active: AtomicUsize::new(0),
+        most_active: AtomicUsize::new(0),
     });
     let stop = Arc::new(AtomicBool::new(false));
     let thread = {
@@ -115,9 +120,11 @@ fn answer(conn: TcpStream, object: &Object) -> std::io::Result<()> {
     if path != "/d/object.bin" {
         return conn.write_all(head("404 Not Found", 0, "\"x\"", "").as_bytes());
     }
+    let _active = (method == "GET").then(|| Active::new(object));
     if method == "GET" {
-        let stall = object.stall_ms.load(Ordering::Relaxed);
-        std::thread::sleep(Duration::from_millis(stall as u64));
+        std::thread::sleep(Duration::from_millis(
+            object.delay_ms.load(Ordering::Relaxed),
+        ));
         let n = object.gets.fetch_add(1, Ordering::Relaxed) + 1;
         if n > object.replace_after.load(Ordering::Relaxed) {
             let mut b = object.body.lock().unwrap();
@@ -143,6 +150,23 @@ fn answer(conn: TcpStream, object: &Object) -> std::io::Result<()> {
             conn.write_all(head("200 OK", body.len(), &etag, "").as_bytes())?;
             conn.write_all(&body)
         }
+    }
+}
+
+/// One GET being answered, counted in `Object::active` while it lives.
+struct Active<'a>(&'a Object);
+
+impl<'a> Active<'a> {
+    fn new(object: &'a Object) -> Self {
+        let now = object.active.fetch_add(1, Ordering::SeqCst) + 1;
+        object.most_active.fetch_max(now, Ordering::SeqCst);
+        Active(object)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -221,7 +245,7 @@ fn missing_objects_and_malformed_urls() {
 #[test]
 fn cancel_stops_gets_in_flight() {
     let server = serve(data(1 << 20));
-    server.object.stall_ms.store(20_000, Ordering::Relaxed);
+    server.object.delay_ms.store(20_000, Ordering::Relaxed);
     let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
     let fut = f.pread(vec![0u8; 1 << 20], 0);
     // Let the GETs reach the server, where they hang.
@@ -262,7 +286,7 @@ fn copy_downloads_whole_or_leaves_nothing() {
     server.object.ignore_range.store(false, Ordering::Relaxed);
 
     // A cancelled download too, with its GETs hanging.
-    server.object.stall_ms.store(20_000, Ordering::Relaxed);
+    server.object.delay_ms.store(20_000, Ordering::Relaxed);
     let progress = CopyProgress::new();
     let options = options.progress(progress.clone());
     let stopper = {
@@ -302,4 +326,42 @@ fn urls_that_cannot_take_a_copy_are_refused() {
         Err(Error::InvalidArgument(m)) => assert!(m.contains("recursive copy with URLs"), "{m}"),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn objects_of_one_store_share_its_cap_on_requests_in_flight() {
+    let body = data(1 << 20);
+    let server = serve(body.clone());
+    server.object.delay_ms.store(20, Ordering::Relaxed);
+    let mut s = small_ranges();
+    s.set("remote_concurrency", "2").unwrap();
+    // Two objects of one server (opened separately), read at once: 32 GETs of 64 KiB, each
+    // slow enough to overlap, never more than 2 at the server.
+    let a = RemoteFile::open_with(&server.url, s.clone()).unwrap();
+    let b = RemoteFile::open_with(&server.url, s).unwrap();
+    let (fa, fb) = (
+        a.pread(vec![0u8; body.len()], 0),
+        b.pread(vec![0u8; body.len()], 0),
+    );
+    for f in [fa, fb] {
+        let (n, buf) = f.into_buffer();
+        assert_eq!(n.unwrap(), body.len());
+        assert!(buf == body);
+    }
+    assert_eq!(server.object.most_active.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn the_request_timeout_and_retries_are_settings() {
+    let server = serve(data(100_000));
+    let mut s = small_ranges();
+    s.set("remote_timeout", "300ms").unwrap();
+    s.set("remote_retries", "0").unwrap();
+    let f = RemoteFile::open_with(&server.url, s).unwrap();
+    server.object.delay_ms.store(3000, Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    let err = f.read_all().unwrap_err();
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(2500), "{took:?}: {err}");
+    assert!(err.to_string().contains(&server.url), "{err}");
 }

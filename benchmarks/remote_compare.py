@@ -1,0 +1,579 @@
+"""Remote reads against an object-store stand-in: ferrio against obstore, fsspec, boto3, KvikIO.
+
+The server is nginx (the OS package) on 127.0.0.1 with a private config in a temporary
+directory, run in the foreground and stopped at the end. It serves one object at three paths:
+
+- ``/open/bucket/object.bin``: no cap (the loopback rate);
+- ``/capped/bucket/object.bin``: each request paced to ``--rate`` (an object store serves each
+  connection at a fraction of the client's link). nginx's own ``limit_rate`` cannot do this for
+  ranged reads: it grants every request one second of credit up front (``rate x (elapsed + 1)``),
+  so an 8 MiB range at 100 MB/s is never slowed. The pacing is ``access_by_lua_block``
+  (Debian's ``libnginx-mod-http-lua``) holding each request for ``length / rate`` seconds before
+  nginx sends it: a request completes when a stream at the cap would, its bytes arrive at the end
+  instead of spread over that time;
+- ``/slow/bucket/object.bin``: the same plus a first-byte delay (``--delay-ms``) per request.
+
+Without nginx or its lua module (the GPU machine has neither) a threaded Python server stands
+in, streaming at the cap from the first byte (``os.sendfile`` in 256 KiB steps, paced), with the
+same per-request delay; the first line of the output says which server ran.
+Path-style ``/capped/bucket/object.bin`` is also an S3 endpoint for boto3 (unsigned requests;
+the server ignores authentication).
+
+Each client reads the whole object into host memory in a fresh process; the clients alternate
+in every round; the table shows medians, and the CPU time of the child (rusage) per GiB beside
+every rate. Targets (the issue): ferrio at default settings reaches 0.8 x min(requests in
+flight x cap, the loopback rate), 1.5 x the best peer at its defaults and 1.0 x the best peer
+at its best settings; into GPU memory 0.95 x the host rate (``--gpu``, CuPy).
+
+    python3 benchmarks/remote_compare.py --size 2GiB --rate 100m --delay-ms 50 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.server
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+GIB = 1 << 30
+
+# ---------------------------------------------------------------------------------------------
+# Clients: each runs in a child process (`--client NAME URL SIZE`) and prints its byte count.
+# ---------------------------------------------------------------------------------------------
+
+
+def _host_buffer(size: int) -> Any:
+    import numpy as np
+
+    buf = np.empty(size, dtype=np.uint8)
+    buf[:: 1 << 12] = 0  # touch every page, outside the timed part
+    return buf
+
+
+def _client(name: str, url: str, size: int) -> int:
+    """Read the whole object at `url` with client `name`; return the bytes read and the time."""
+    s3_key = url.split("/", 3)[3]  # capped/bucket/object.bin
+    endpoint = url[: url.index("/", len("http://"))]
+    if name.startswith("ferrio"):
+        import ferrio
+
+        kw: dict[str, Any] = {}
+        if name == "ferrio-64":
+            kw = {"concurrency": 64}
+        if name == "ferrio-gpu":
+            import cupy as cp
+
+            dst = cp.empty(size, dtype=cp.uint8)
+            cp.cuda.runtime.deviceSynchronize()
+            t0 = time.perf_counter()
+            with ferrio.open_url(url, **kw) as f:
+                n = f.read(dst)
+            return _report(n, t0)
+        buf = _host_buffer(size)
+        t0 = time.perf_counter()
+        with ferrio.open_url(url, **kw) as f:
+            n = f.read(buf)
+        return _report(n, t0)
+    if name.startswith("obstore"):
+        import obstore
+        from obstore.store import HTTPStore
+
+        base, path = url.rsplit("/", 1)
+        store = HTTPStore.from_url(base, client_options={"allow_http": True})
+        t0 = time.perf_counter()
+        if name == "obstore-get_range":
+            n = len(obstore.get_range(store, path, start=0, end=size))
+        elif name == "obstore-get_ranges":
+            step = 8 << 20
+            starts = list(range(0, size, step))
+            ends = [min(s + step, size) for s in starts]
+            n = sum(len(b) for b in obstore.get_ranges(store, path, starts=starts, ends=ends))
+        else:  # obstore-async-N: N get_range_async in flight, 8 MiB each (its best shape)
+            import asyncio
+
+            conc = int(name.rsplit("-", 1)[1])
+            step = 8 << 20
+
+            async def run() -> int:
+                sem = asyncio.Semaphore(conc)
+
+                async def one(s: int) -> int:
+                    async with sem:
+                        b = await obstore.get_range_async(
+                            store, path, start=s, end=min(s + step, size)
+                        )
+                        return len(b)
+
+                return sum(await asyncio.gather(*(one(s) for s in range(0, size, step))))
+
+            n = asyncio.run(run())
+        return _report(n, t0)
+    if name.startswith("fsspec"):
+        import fsspec
+
+        fs = fsspec.filesystem("http")
+        t0 = time.perf_counter()
+        if name == "fsspec-cat":
+            n = len(fs.cat_file(url))
+        else:  # fsspec-ranges: 8 MiB ranges through cat_ranges (concurrent, its batch size)
+            step = 8 << 20
+            starts = list(range(0, size, step))
+            ends = [min(s + step, size) for s in starts]
+            n = sum(len(b) for b in fs.cat_ranges([url] * len(starts), starts, ends))
+        return _report(n, t0)
+    if name.startswith("boto3"):
+        import io
+
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore import UNSIGNED
+        from botocore.config import Config
+
+        conc = None if name == "boto3" else int(name.rsplit("-", 1)[1])
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            config=Config(signature_version=UNSIGNED, s3={"addressing_style": "path"},
+                          max_pool_connections=max(conc or 10, 10)),
+        )  # fmt: skip
+        bucket, key = s3_key.split("/", 1)
+        cfg = TransferConfig() if conc is None else TransferConfig(max_concurrency=conc)
+        out = io.BytesIO()
+        t0 = time.perf_counter()
+        client.download_fileobj(bucket, key, out, Config=cfg)
+        return _report(out.getbuffer().nbytes, t0)
+    if name.startswith("kvikio"):
+        if name != "kvikio":  # kvikio-N: N threads in its pool (the default is 1)
+            os.environ["KVIKIO_NTHREADS"] = name.rsplit("-", 1)[1]
+        import kvikio
+
+        buf = _host_buffer(size)
+        t0 = time.perf_counter()
+        with kvikio.RemoteFile.open_http(url) as f:
+            n = f.read(buf)
+        return _report(n, t0)
+    raise SystemExit(f"unknown client {name}")
+
+
+def _report(n: int, t0: float) -> int:
+    print(json.dumps({"bytes": int(n), "seconds": time.perf_counter() - t0}))
+    return int(n)
+
+
+# What each peer needs, to skip those that are missing with a line saying so.
+NEEDS = {"obstore": "obstore", "fsspec": "fsspec", "boto3": "boto3", "kvikio": "kvikio"}
+
+
+def _available(name: str) -> str | None:
+    """None if client `name` can run here, else why not."""
+    import importlib.util
+
+    mod = next((m for p, m in NEEDS.items() if name.startswith(p)), None)
+    if mod is not None and importlib.util.find_spec(mod) is None:
+        return f"{mod} is not installed"
+    if name.startswith("fsspec") and importlib.util.find_spec("aiohttp") is None:
+        return "aiohttp (fsspec's HTTP file system) is not installed"
+    if name == "ferrio-gpu":
+        try:
+            import cupy as cp
+
+            if cp.cuda.runtime.getDeviceCount() < 1:
+                return "no GPU"
+        except Exception as e:
+            return f"no usable GPU ({type(e).__name__})"
+    return None
+
+
+def _run_client(name: str, url: str, size: int, timeout: float) -> tuple[float, float] | str:
+    """(GiB/s, CPU-s/GiB) of one fresh-process run, or why it failed."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        out = subprocess.run(
+            [sys.executable, __file__, "--client", name, url, str(size)],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f}s"
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "no message"
+        return f"failed (exit {out.returncode}): {last}"
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if got["bytes"] != size:
+        return f"read {got['bytes']} of {size} bytes"
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return size / GIB / got["seconds"], cpu / (size / GIB)
+
+
+# ---------------------------------------------------------------------------------------------
+# Servers
+# ---------------------------------------------------------------------------------------------
+
+NGINX_CONF = """
+worker_processes {workers};
+daemon off;
+master_process on;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+{user}
+{modules}
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    sendfile on;
+    keepalive_requests 100000;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    types {{ }}
+    default_type application/octet-stream;
+    server {{
+        listen 127.0.0.1:{port};
+        location /open/ {{ alias {root}/; }}
+        location /capped/ {{ alias {root}/; {capped} }}
+        location /slow/ {{ alias {root}/; {slow} }}
+    }}
+}}
+"""
+
+# Holds a request for (its body's length / rate + delay) seconds, then lets nginx send it.
+PACE = """access_by_lua_block {
+    local size, rate, delay = %d, %d, %f
+    local n = size
+    if ngx.req.get_method() == "HEAD" then
+        n = 0
+    else
+        local a, b = string.match(ngx.var.http_range or "", "^bytes=(%%d+)-(%%d*)$")
+        if a then
+            local e = size
+            if b ~= "" then e = math.min(tonumber(b) + 1, size) end
+            n = math.max(e - tonumber(a), 0)
+        end
+    end
+    ngx.sleep(delay + n / rate)
+}"""
+
+LUA_MODULES = [
+    "/usr/lib/nginx/modules/ndk_http_module.so",
+    "/usr/lib/nginx/modules/ngx_http_lua_module.so",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[bytes] | None, log: Path | None) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"nginx exited: {log.read_text() if log else ''}")
+        time.sleep(0.05)
+    raise SystemExit("the server did not start listening within 20 s")
+
+
+def _have_nginx() -> bool:
+    """Whether nginx and its lua module (the pacing) are installed."""
+    found = shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")
+    return bool(found) and all(os.path.exists(m) for m in LUA_MODULES)
+
+
+@contextlib.contextmanager
+def _nginx(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, str]]:
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    tmp = Path(tempfile.mkdtemp(prefix="ferrio-nginx-"))
+    size = (root / "bucket" / "object.bin").stat().st_size
+    conf = NGINX_CONF.format(
+        workers=max(2, min(8, os.cpu_count() or 2)),
+        tmp=tmp,
+        user="user root;" if os.geteuid() == 0 else "",
+        modules="\n".join(f"load_module {m};" for m in LUA_MODULES),
+        port=(port := _free_port()),
+        root=root,
+        capped=PACE % (size, rate, 0.0),
+        slow=PACE % (size, rate, delay_ms / 1000),
+    )
+    (tmp / "nginx.conf").write_text(conf)
+    proc = subprocess.Popen(
+        [nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        _wait_listening(port, proc, tmp / "error.log")
+        how = f"nginx {_nginx_version(nginx)}, each request paced to {rate} B/s (lua),"
+        how += f" slow: +{delay_ms} ms before the first byte"
+        yield f"http://127.0.0.1:{port}", how
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _nginx_version(nginx: str) -> str:
+    out = subprocess.run([nginx, "-v"], capture_output=True, text=True, check=False)
+    return out.stderr.strip().split("/")[-1]
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """Range GETs of one directory, each connection capped at `rate` B/s, `delay` s per request."""
+
+    protocol_version = "HTTP/1.1"
+    root: Path
+    rate: int
+    delay: float
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _target(self) -> tuple[Path, int, float] | None:
+        for prefix, rate, delay in [
+            ("/open/", 0, 0.0), ("/capped/", self.rate, 0.0), ("/slow/", self.rate, self.delay)
+        ]:  # fmt: skip
+            if self.path.startswith(prefix):
+                p = self.root / self.path[len(prefix) :]
+                return (p, rate, delay) if p.is_file() else None
+        return None
+
+    def _head(self, status: int, length: int, size: int, extra: dict[str, str]) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(length))
+        self.send_header("ETag", f'"{size:x}"')
+        self.send_header("Last-Modified", "Mon, 23 Nov 2026 10:00:00 GMT")
+        self.send_header("Accept-Ranges", "bytes")
+        for k, v in extra.items():
+            self.send_header(k, v)
+        self.end_headers()
+
+    def do_HEAD(self) -> None:
+        t = self._target()
+        if t is None:
+            self._head(404, 0, 0, {})
+            return
+        size = t[0].stat().st_size
+        self._head(200, size, size, {})
+
+    def do_GET(self) -> None:
+        t = self._target()
+        if t is None:
+            self._head(404, 0, 0, {})
+            return
+        path, rate, delay = t
+        size = path.stat().st_size
+        start, end = 0, size
+        rng = self.headers.get("Range", "")
+        if rng.startswith("bytes="):
+            a, _, b = rng[len("bytes=") :].partition("-")
+            start, end = int(a), min(int(b) + 1 if b else size, size)
+        if delay:
+            time.sleep(delay)
+        if rng:
+            extra = {"Content-Range": f"bytes {start}-{end - 1}/{size}"}
+            self._head(206, end - start, size, extra)
+        else:
+            self._head(200, size, size, {})
+        self.wfile.flush()
+        t0, sent = time.monotonic(), 0
+        with open(path, "rb") as f:
+            while start + sent < end:
+                n = os.sendfile(
+                    self.connection.fileno(), f.fileno(), start + sent,
+                    min(256 << 10, end - start - sent),
+                )  # fmt: skip
+                if n == 0:
+                    break
+                sent += n
+                if rate:
+                    ahead = t0 + sent / rate - time.monotonic()
+                    if ahead > 0:
+                        time.sleep(ahead)
+
+
+@contextlib.contextmanager
+def _python_server(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, str]]:
+    handler = type("H", (_Handler,), {"root": root, "rate": rate, "delay": delay_ms / 1000})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    server.request_queue_size = 256
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        how = f"Python threaded server (no nginx+lua), {rate} B/s per request, streamed;"
+        how += f" slow: +{delay_ms} ms before the first byte"
+        yield f"http://127.0.0.1:{server.server_port}", how
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison
+# ---------------------------------------------------------------------------------------------
+
+HOST_CLIENTS = [
+    "ferrio", "ferrio-64",
+    "obstore-get_range", "obstore-get_ranges", "obstore-async-32", "obstore-async-64",
+    "fsspec-cat", "fsspec-ranges",
+    "boto3", "boto3-32", "boto3-64",
+    "kvikio", "kvikio-32",
+]  # fmt: skip
+DEFAULTS = {"ferrio", "obstore-get_range", "fsspec-cat", "boto3", "kvikio"}
+
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    return int(t[:-1]) * units[t[-1]] if t[-1] in units else int(t)
+
+
+def _rate(text: str) -> int:
+    """nginx's units: k and m are 1000-based here (100m = 100 MB/s)."""
+    t = text.strip().lower()
+    mult = {"k": 1000, "m": 1000_000}.get(t[-1], 1)
+    return int(t.rstrip("km")) * mult
+
+
+def _make_object(root: Path, size: int) -> Path:
+    obj = root / "bucket" / "object.bin"
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    if obj.exists() and obj.stat().st_size == size:
+        return obj
+    block = os.urandom(64 << 20)
+    with open(obj, "wb") as f:
+        left = size
+        while left:
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+    return obj
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", default="2GiB", help="object size (default 2GiB)")
+    ap.add_argument("--rate", default="100m", help="per-connection cap, nginx units (100m)")
+    ap.add_argument("--delay-ms", type=int, default=50, help="first-byte delay of /slow/")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where the object lives (default: a temp dir)")
+    ap.add_argument("--server", choices=["auto", "nginx", "python"], default="auto")
+    ap.add_argument("--clients", default=",".join(HOST_CLIENTS), help="comma-separated")
+    ap.add_argument("--settings", default="capped,slow", help="capped, slow (comma-separated)")
+    ap.add_argument("--gpu", action="store_true", help="add ferrio into GPU memory (CuPy)")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per client run")
+    ap.add_argument("--json", default=None, help="write every run here too")
+    ap.add_argument("--client", nargs=3, metavar=("NAME", "URL", "SIZE"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    # A stopped run still stops its server (the `finally` blocks run).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if a.client:
+        _client(a.client[0], a.client[1], int(a.client[2]))
+        return
+    size, rate = _size(a.size), _rate(a.rate)
+    root = Path(a.dir or tempfile.mkdtemp(prefix="ferrio-remote-bench-"))
+    _make_object(root, size)
+    use_nginx = a.server == "nginx" or (a.server == "auto" and _have_nginx())
+    serve = _nginx if use_nginx else _python_server
+    clients = [c for c in a.clients.split(",") if c]
+    if a.gpu:
+        clients.append("ferrio-gpu")
+    runnable = []
+    for c in clients:
+        why = _available(c)
+        if why:
+            print(f"skip {c}: {why}")
+        else:
+            runnable.append(c)
+    results: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    with serve(root, rate, a.delay_ms) as (base, how):
+        print(f"server: {how}; object {size / GIB:.2f} GiB; {a.rounds} rounds; ", end="")
+        print(f"{os.cpu_count()} CPUs")
+        # The loopback rate: ferrio on the uncapped path (the best of its rounds).
+        open_url = f"{base}/open/bucket/object.bin"
+        loop = [_run_client("ferrio-64", open_url, size, a.timeout) for _ in range(a.rounds)]
+        loop_rates = [r[0] for r in loop if not isinstance(r, str)]
+        loopback = max(loop_rates) if loop_rates else float("nan")
+        print(f"uncapped loopback (ferrio, 64 in flight): {loopback:.2f} GiB/s")
+        for setting in a.settings.split(","):
+            url = f"{base}/{setting}/bucket/object.bin"
+            runs = results.setdefault(setting, {c: [] for c in runnable})
+            for r in range(a.rounds):
+                order = runnable if r % 2 == 0 else list(reversed(runnable))
+                for c in order:
+                    got = _run_client(c, url, size, a.timeout)
+                    if isinstance(got, str):
+                        print(f"  {setting} {c}: {got}")
+                        continue
+                    runs[c].append(got)
+                    rate_s, cpu_s = f"{got[0]:.3f} GiB/s", f"{got[1]:.2f} CPU-s/GiB"
+                    print(f"  {setting} round {r + 1} {c}: {rate_s}, {cpu_s}", flush=True)
+    # ferrio's defaults: 8 MiB ranges, 32 in flight (fewer for an object of fewer ranges).
+    in_flight = min(32, -(-size // (8 << 20)))
+    cap_gib = in_flight * rate / GIB
+    print()
+    print("| setting | client | GiB/s (median) | CPU-s/GiB | runs |")
+    print("|---|---|---|---|---|")
+    for setting, runs in results.items():
+        for c, rs in runs.items():
+            if not rs:
+                continue
+            rate_m = statistics.median(r[0] for r in rs)
+            cpu_m = statistics.median(r[1] for r in rs)
+            mark = " (default)" if c in DEFAULTS else ""
+            print(f"| {setting} | {c}{mark} | {rate_m:.3f} | {cpu_m:.2f} | {len(rs)} |")
+    print()
+    for setting, runs in results.items():
+        med = {c: statistics.median(r[0] for r in rs) for c, rs in runs.items() if rs}
+        if "ferrio" not in med:
+            continue
+        f = med["ferrio"]
+        target = 0.8 * min(cap_gib, loopback)
+        peers = {c: v for c, v in med.items() if not c.startswith("ferrio")}
+        peers_default = [v for c, v in peers.items() if c in DEFAULTS]
+        peers_best = list(peers.values())
+        line = f"{setting}: ferrio {f:.3f} GiB/s vs 0.8 x min({in_flight} x cap, loopback)"
+        line += f" = {target:.3f}"
+        line += f" -> {f / target:.2f}x of that;"
+        if peers_default:
+            best = max(peers_default)
+            line += f" vs best peer at defaults {best:.3f}: {f / best:.2f}x;"
+        if peers_best:
+            line += f" vs best peer at best {max(peers_best):.3f}: {f / max(peers_best):.2f}x;"
+        if "ferrio-gpu" in med:
+            line += f" GPU/host {med['ferrio-gpu'] / f:.2f}x"
+        print(line)
+    if a.json:
+        Path(a.json).write_text(
+            json.dumps({"loopback": loopback, "server": how, "size": size, "rate": rate,
+                        "results": results}, indent=1)
+        )  # fmt: skip
+    if a.dir is None:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
