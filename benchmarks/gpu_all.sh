@@ -4,7 +4,7 @@
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
 #   bash benchmarks/gpu_all.sh [STEP...]
-#   steps: tests memory sweep compare checkpoint policy cligpu firstcall save multidrive
+#   steps: tests memory contention sweep compare checkpoint policy cligpu firstcall save remote multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
 ROOT=$PWD
@@ -44,6 +44,13 @@ if want memory; then
 step memory-pool
 OUT=$LOGS/memory timeout 420 bash benchmarks/memory_pool/run_gpu.sh >"$LOGS/memory-run.log" 2>&1
 tail -5 "$LOGS/memory-run.log" | tee -a "$S"
+fi
+
+if want contention; then
+step pool-contention
+# Only the pool's contention table (issue 14's rows), from .carry/bin (memory/build_gpu.sh builds it
+# statically); the whole memory step above runs it too, with the rest of issue 7's benchmarks.
+timeout 120 "$ROOT/.carry/bin/pool_contention" --seconds 1 --threads 1,4,8,16 2>&1 | tee -a "$S"
 fi
 
 if want sweep; then
@@ -116,6 +123,18 @@ timeout "${SAVE_TIMEOUT:-200}" python3 benchmarks/checkpoint_save.py --dir /root
   --size-gib "${SAVE_GIB:-8}" --device cuda:0,cpu --rounds "${SAVE_ROUNDS:-1}" >"$LOGS/checkpoint_save.log" 2>&1
 tail -10 "$LOGS/checkpoint_save.log" | tee -a "$S"
 rm -rf /root/ferrio-save
+fi
+
+if want remote; then
+step remote-compare
+# Issue 17 on the GPU machine: remote reads into host and GPU memory against KvikIO's RemoteFile,
+# from a local server capped per request (no nginx there: the script's threaded Python server).
+mkdir -p /dev/shm/ferrio-remote
+timeout "${REMOTE_TIMEOUT:-150}" python3 benchmarks/remote_compare.py --size "${REMOTE_SIZE:-1GiB}" --rate 100m \
+  --rounds "${REMOTE_ROUNDS:-2}" --gpu --settings capped --clients "${REMOTE_CLIENTS:-ferrio,kvikio,kvikio-32}" \
+  --timeout 60 --dir /dev/shm/ferrio-remote --json "$LOGS/remote_compare.json" >"$LOGS/remote_compare.log" 2>&1
+tail -25 "$LOGS/remote_compare.log" | tee -a "$S"
+rm -rf /dev/shm/ferrio-remote
 fi
 
 if want multidrive; then
