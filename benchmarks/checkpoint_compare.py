@@ -172,9 +172,15 @@ def run_fio(fio: str, shape: str, files: list[str]) -> dict:
 
 
 def run_child(loader: str, device: str, files: list[str]) -> dict:
+    # "ferrio@NAME=VALUE+NAME=VALUE": ferrio with settings, given to the child as FERRIO_*.
+    base, _, opts = loader.partition("@")
+    env = dict(os.environ)
+    for kv in filter(None, opts.split("+")):
+        name, _, value = kv.partition("=")
+        env["FERRIO_" + name.upper()] = value
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, loader, device, *files],
-        capture_output=True, text=True, timeout=900,
+        [sys.executable, "-c", CHILD, base, device, *files],
+        capture_output=True, text=True, timeout=900, env=env,
     )  # fmt: skip
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:

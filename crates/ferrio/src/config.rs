@@ -135,6 +135,9 @@ pub struct Settings {
     pub direct_overread: bool,
     /// Bytes per pinned bounce buffer for GPU transfers.
     pub bounce_buffer_size: u64,
+    /// Tasks in flight per request when a cold read fills the page cache (the fill shape's
+    /// large tasks, see `cache`).
+    pub fill_in_flight: usize,
     /// Pinned bounce buffers per worker (the ring's depth).
     pub bounce_buffers: usize,
     /// Cap on pinned host memory held by all bounce rings.
@@ -173,6 +176,7 @@ impl Default for Settings {
             direct_overread: false,
             bounce_buffer_size: 0,
             bounce_buffers: 0,
+            fill_in_flight: 0,
             pinned_limit: 0,
             bounce_grow_in_background: false,
             remote_range_size: 0,
@@ -296,6 +300,19 @@ pub const SETTINGS: &[SettingInfo] = &[
         get: |s| s.cache.to_string(),
         set: |s, v| {
             s.cache = v.parse().map_err(|_| CacheMode::FORMS)?;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "fill_in_flight",
+        env: "FERRIO_FILL_IN_FLIGHT",
+        unit: "tasks",
+        default: "2",
+        doc: "64 MiB tasks in flight per request when a cold read fills the page cache \
+              (few large sequential reads leave large folios, which read back fast)",
+        get: |s| s.fill_in_flight.to_string(),
+        set: |s, v| {
+            s.fill_in_flight = count(v, 1, "at least 1 task")?;
             Ok(())
         },
     },

@@ -170,15 +170,11 @@ pub(crate) struct FillShape {
 }
 
 /// Tasks of a cold read that fills the page cache: large, so that the kernel's readahead ramps
-/// up within each and fills the cache with large folios.
+/// up within each and fills the cache with large folios. Many small buffered reads at scattered
+/// offsets of one file defeat readahead: the page cache then holds 4 KiB pages, and the next read
+/// of the file copies out of it at half speed. How many such tasks run at once is the
+/// `fill_in_flight` setting (measured: see benchmarks/RESULTS.md).
 pub(crate) const FILL_TASK_BYTES: u64 = 64 << 20;
-
-/// Tasks of such a read in flight at once. Many small buffered reads at scattered offsets of one
-/// file defeat readahead: the page cache then holds 4 KiB pages, and the next read of the file
-/// copies out of it at half speed. Two 64 MiB readers were measured best on both machines (cold
-/// first read at fio's `O_DIRECT` rate, second read as fast as after `dd`; see
-/// benchmarks/RESULTS.md).
-pub(crate) const FILL_IN_FLIGHT: usize = 2;
 
 /// The shape of a read of `[offset, offset+len)` when it fills the page cache: a kept file
 /// (not forced to `O_DIRECT`) whose range is cold and at least one fill task long. `None`: plan
@@ -189,13 +185,14 @@ pub(crate) fn fill_shape(
     fd: BorrowedFd<'_>,
     offset: u64,
     len: u64,
+    in_flight: usize,
 ) -> Option<FillShape> {
     if !decision.keeps() || direct_mode == DirectMode::On || len < FILL_TASK_BYTES {
         return None;
     }
     (direct::probe(fd, offset, len) == Probe::Cold).then_some(FillShape {
         task_bytes: FILL_TASK_BYTES,
-        in_flight: FILL_IN_FLIGHT,
+        in_flight: in_flight.max(1),
     })
 }
 
@@ -370,7 +367,7 @@ mod tests {
         let keep = decide(CacheMode::Keep, len, None);
         let bypass = decide(CacheMode::Bypass, len, None);
         // Written and synced, the pages are cached: a hot read is planned as usual.
-        assert_eq!(fill_shape(DirectMode::Auto, &keep, fd, 0, len), None);
+        assert_eq!(fill_shape(DirectMode::Auto, &keep, fd, 0, len, 3), None);
         crate::sys::fadvise_dontneed(fd, 0, 0).unwrap();
         if direct::probe(fd, 0, len) != Probe::Cold {
             eprintln!("skipped: this file system keeps the pages after POSIX_FADV_DONTNEED");
@@ -378,14 +375,20 @@ mod tests {
         }
         let shape = FillShape {
             task_bytes: FILL_TASK_BYTES,
-            in_flight: FILL_IN_FLIGHT,
+            in_flight: 3,
         };
-        assert_eq!(fill_shape(DirectMode::Auto, &keep, fd, 0, len), Some(shape));
-        assert_eq!(fill_shape(DirectMode::Off, &keep, fd, 0, len), Some(shape));
+        assert_eq!(
+            fill_shape(DirectMode::Auto, &keep, fd, 0, len, 3),
+            Some(shape)
+        );
+        assert_eq!(
+            fill_shape(DirectMode::Off, &keep, fd, 0, len, 3),
+            Some(shape)
+        );
         // Not for a file that bypasses, a forced O_DIRECT, or a read shorter than one task.
-        assert_eq!(fill_shape(DirectMode::Auto, &bypass, fd, 0, len), None);
-        assert_eq!(fill_shape(DirectMode::On, &keep, fd, 0, len), None);
-        assert_eq!(fill_shape(DirectMode::Auto, &keep, fd, 0, 1 << 20), None);
+        assert_eq!(fill_shape(DirectMode::Auto, &bypass, fd, 0, len, 3), None);
+        assert_eq!(fill_shape(DirectMode::On, &keep, fd, 0, len, 3), None);
+        assert_eq!(fill_shape(DirectMode::Auto, &keep, fd, 0, 1 << 20, 3), None);
     }
 
     #[test]

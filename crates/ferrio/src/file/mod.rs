@@ -487,6 +487,7 @@ impl File {
             self.fd(),
             offset,
             len as u64,
+            self.inner.settings.fill_in_flight,
         )
     }
 

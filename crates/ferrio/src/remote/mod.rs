@@ -351,12 +351,17 @@ impl RemoteFile {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>>>(2);
         let producer = {
             let pinned = pinned.clone();
+            let spawner = handle.clone();
             async move {
+                // Each GET is a task of its own, so that the runtime's threads share the work of
+                // receiving the bodies (polled inside this one future, they all ran on one
+                // thread); they are handed over in order, and dropping the stream (a cancel, an
+                // error) aborts those still running.
                 let mut gets = futures::stream::iter(ranges)
                     .map(|r| {
                         let pinned = pinned.clone();
                         let in_flight = in_flight.clone();
-                        async move {
+                        runtime::AbortOnDrop(spawner.spawn(async move {
                             // The store's cap holds here too: GPU and host reads share it.
                             let _permit = in_flight.acquire_owned().await;
                             let mut piece = vec![0u8; r.len];
@@ -368,7 +373,7 @@ impl RemoteFile {
                                 )
                                 .await
                                 .map(|()| piece)
-                        }
+                        }))
                     })
                     .buffered(ahead);
                 while let Some(piece) = gets.next().await {

@@ -57,6 +57,30 @@ pub(crate) fn handle() -> Result<Handle> {
 /// after Ctrl-C.
 const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// A spawned task that is aborted when this handle is dropped (a plain `JoinHandle` detaches it,
+/// so a cancelled read would leave its GETs running); awaiting it gives the task's output, or
+/// [`Error::Cancelled`] if it was aborted or panicked.
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<Result<T>>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::future::Future for AbortOnDrop<T> {
+    type Output = Result<T>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|joined| joined.unwrap_or_else(|_| Err(Error::Cancelled)))
+    }
+}
+
 /// Runs `work` until it ends or `cancelled()` turns true; `None` when cancelled. Dropping
 /// `work` drops its HTTP request, so a cancel stops a GET or a part upload in flight instead of
 /// waiting for it to finish or time out.
