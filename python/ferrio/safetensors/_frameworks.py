@@ -148,11 +148,12 @@ class Torch(Framework):
         import torch  # type: ignore[import-not-found, unused-ignore]
 
         self.torch = torch
-        self.device = (
-            torch.device("cpu")
-            if self.kind == "cpu"
-            else torch.device("cuda", self.index if self.index is not None else None)
-        )
+        if self.kind == "cpu":
+            self.device = torch.device("cpu")
+        elif self.index is None:
+            self.device = torch.device("cuda")
+        else:
+            self.device = torch.device("cuda", self.index)
 
     def dtype(self, name: str) -> Any:
         attr = _TORCH_NAMES.get(name)
