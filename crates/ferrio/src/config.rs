@@ -406,7 +406,7 @@ pub const SETTINGS: &[SettingInfo] = &[
         unit: "bytes",
         default: "8 MiB",
         doc: "a read of a remote object (s3://, gs://, az://, http(s)://) is split into ranged \
-              GETs of this size",
+              GETs of this size; an upload's parts are this size too (at least 5 MiB)",
         get: |s| s.remote_range_size.to_string(),
         set: |s, v| {
             s.remote_range_size = size(v, 4096, "at least 4KiB")?;
@@ -417,7 +417,7 @@ pub const SETTINGS: &[SettingInfo] = &[
         name: "remote_concurrency",
         env: "FERRIO_REMOTE_CONCURRENCY",
         unit: "requests (1 to 1024)",
-        default: "32",
+        default: "64",
         doc: "ranged GETs in flight per remote store: all objects of one bucket, container or \
               server opened with the same value share this many",
         get: |s| s.remote_concurrency.to_string(),
