@@ -384,7 +384,7 @@ class PoolResource:
         """Forget the raw stream `stream` before it is destroyed."""
 
     def stats(self) -> dict[str, int]:
-        """Bytes held from the GPU, in use, and the peak in use."""
+        """Bytes held from the GPU, in use, the peak in use, free, and cached in threads."""
 
 @final
 class Allocation:

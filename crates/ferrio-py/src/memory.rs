@@ -103,13 +103,16 @@ impl PoolResource {
         Ok(())
     }
 
-    /// Bytes held from the GPU, in use, and the peak in use.
+    /// Bytes held from the GPU, in use, the peak in use, free, and of the free bytes those held
+    /// in threads' caches (reused only by the thread that freed them, on the same stream).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.pool.stats();
         let d = PyDict::new(py);
         d.set_item("pool_bytes", s.pool_bytes)?;
         d.set_item("in_use_bytes", s.in_use_bytes)?;
         d.set_item("peak_in_use_bytes", s.peak_in_use_bytes)?;
+        d.set_item("free_bytes", s.free_bytes)?;
+        d.set_item("cached_bytes", s.cached_bytes)?;
         d.set_item("streams", s.streams.len())?;
         Ok(d)
     }
