@@ -136,6 +136,13 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         return report(&outcomes, Some(gpu), a.io.json);
     }
     let (window, per_file, at_once) = plan(&lens);
+    // A read of files the page cache holds is a memory copy: windows small enough to stay in
+    // the CPU's cache (as `dd`'s block does) copy faster than large ones, which stream through
+    // memory. A cold read keeps the large windows its fill tasks need.
+    let window = match hot_window(&files, a.cold) {
+        Some(hot) => window.min(hot as usize),
+        None => window,
+    };
     // Buffers are allocated and touched before the clock starts: page faults on fresh memory
     // are the allocator's cost, not the read's. Each reader owns its windows and reuses them
     // from file to file.
@@ -260,6 +267,42 @@ fn plan(lens: &[u64]) -> (usize, usize, usize) {
     let window = window.min(largest.div_ceil(4096).max(1) * 4096);
     let per_file = WINDOWS_PER_FILE.min(largest.div_ceil(window).max(1));
     (window as usize, per_file as usize, at_once as usize)
+}
+
+/// Share of a file the page cache must hold for its read to count as hot.
+const HOT_SHARE: f64 = 0.9;
+
+/// The window for files that are all local and all in the page cache: each worker of the
+/// largest pool gets one task in flight over the [`WINDOWS_PER_FILE`] windows, and no more, so
+/// the windows stay in the CPU's cache. `None` when any file is remote, read cold, or not held.
+fn hot_window(files: &[Source], cold: bool) -> Option<u64> {
+    if cold {
+        return None;
+    }
+    let mut widest = 0u64;
+    for f in files {
+        let Source::Local(f) = f else { return None };
+        let held = ferrio::pagecache::residency(f.path(), 0, None).ok()?;
+        if held.share() < HOT_SHARE {
+            return None;
+        }
+        let threads = f.pool().stats().max_threads.max(1) as u64;
+        widest = widest.max(threads * f.task_size());
+    }
+    Some((widest / WINDOWS_PER_FILE).clamp(MIN_WINDOW, MAX_WINDOW) / MIN_WINDOW * MIN_WINDOW)
+}
+
+/// Streams all of local file `f` (which the page cache holds) through windows of
+/// [`hot_window`]'s size, as `ferrio read` does; returns the bytes read. For `ferrio bench`'s
+/// hot row, where `dd` streams through its block the same way.
+pub(crate) fn stream_hot(f: &ferrio::File) -> anyhow::Result<u64> {
+    let src = [Source::Local(f.clone())];
+    let window = hot_window(&src, false).unwrap_or(MAX_WINDOW);
+    let mut bufs = (0..WINDOWS_PER_FILE)
+        .map(|_| prefaulted(window as usize))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| anyhow::anyhow!("cannot allocate read windows: out of memory"))?;
+    Ok(read_one(&src[0], &mut bufs)?.bytes)
 }
 
 /// A buffer of `len` bytes whose pages are all mapped, or `None` when the memory is not there
