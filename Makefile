@@ -32,7 +32,7 @@ deps-python:
 # .tools/; where npm's registry cannot be reached the Azure tests skip and say so.
 deps-node:
 	@[ -x .tools/node_modules/.bin/azurite-blob ] || ! command -v npm >/dev/null || \
-	  timeout 300 npm install -s --no-audit --no-fund --prefix .tools azurite >/dev/null 2>&1 || \
+	  timeout 300 npm install -s --no-audit --no-fund --fetch-retries=1 --fetch-timeout=30000 --prefix .tools azurite >/dev/null 2>&1 || \
 	  echo "note: npm could not install azurite into .tools; the az:// tests will skip"
 
 # The Python package, with the `ferrio` command (a release build of the whole engine).
