@@ -120,7 +120,8 @@ fn answer(conn: TcpStream, object: &Object) -> std::io::Result<()> {
     if path != "/d/object.bin" {
         return conn.write_all(head("404 Not Found", 0, "\"x\"", "").as_bytes());
     }
-    let _active = (method == "GET").then(|| Active::new(object));
+    // Counted until just before its last byte leaves (see `send`).
+    let active = (method == "GET").then(|| Active::new(object));
     if method == "GET" {
         std::thread::sleep(Duration::from_millis(
             object.delay_ms.load(Ordering::Relaxed),
@@ -137,20 +138,39 @@ fn answer(conn: TcpStream, object: &Object) -> std::io::Result<()> {
         return conn.write_all(head("200 OK", body.len(), &etag, "").as_bytes());
     }
     if if_match.is_some_and(|m| m != etag) {
-        return conn.write_all(head("412 Precondition Failed", 0, &etag, "").as_bytes());
+        let reply = head("412 Precondition Failed", 0, &etag, "");
+        return send(&mut conn, &reply, &[], active);
     }
     match range {
         Some((a, b)) if !object.ignore_range.load(Ordering::Relaxed) => {
             let b = b.min(body.len() - 1);
             let extra = format!("Content-Range: bytes {a}-{b}/{}\r\n", body.len());
-            conn.write_all(head("206 Partial Content", b + 1 - a, &etag, &extra).as_bytes())?;
-            conn.write_all(&body[a..=b])
+            let reply = head("206 Partial Content", b + 1 - a, &etag, &extra);
+            send(&mut conn, &reply, &body[a..=b], active)
         }
         _ => {
-            conn.write_all(head("200 OK", body.len(), &etag, "").as_bytes())?;
-            conn.write_all(&body)
+            let reply = head("200 OK", body.len(), &etag, "");
+            send(&mut conn, &reply, &body, active)
         }
     }
+}
+
+/// Writes a reply, ending `active` before its last byte leaves: a client that has the whole
+/// reply (and may send its next GET at once) must never find this GET still counted, or the
+/// count of GETs at once would include one the client has already finished.
+fn send(
+    conn: &mut TcpStream,
+    head: &str,
+    body: &[u8],
+    active: Option<Active<'_>>,
+) -> std::io::Result<()> {
+    let mut reply = Vec::with_capacity(head.len() + body.len());
+    reply.extend_from_slice(head.as_bytes());
+    reply.extend_from_slice(body);
+    let (most, last) = reply.split_at(reply.len() - 1);
+    conn.write_all(most)?;
+    drop(active);
+    conn.write_all(last)
 }
 
 /// One GET being answered, counted in `Object::active` while it lives.
