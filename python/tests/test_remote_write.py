@@ -237,6 +237,32 @@ def test_exception_inside_with_leaves_nothing(s3: Any, exc: type[BaseException])
     assert _uploads(s3) == []
 
 
+def test_ctrl_c_while_write_waits_for_a_part_aborts_at_once(s3: Any) -> None:
+    # One part in flight, and it never finishes: the next write() waits for it. Ctrl-C there
+    # must abort the upload and raise at once, not when the stalled part gives up.
+    s3.faults.stall_parts = True
+    url = f"s3://{s3.ferrio_bucket}/interrupted.bin"
+    w = ferrio.open_url(url, "w", range_size="5MiB", concurrency=1)
+    sent_at: list[float] = []
+
+    def interrupt() -> None:
+        if s3.faults.parts_seen.wait(BOUND_S):
+            time.sleep(0.3)
+            sent_at.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        w.write(_data(3 * PART, seed=16))
+    took = time.monotonic() - sent_at[0]
+    assert took < 2.0, f"KeyboardInterrupt took {took:.2f} s after SIGINT"
+    with pytest.raises(ValueError):  # the upload is gone: nothing more can be written
+        w.write(b"more")
+    w.abort()
+    assert _get(s3, "interrupted.bin") is None
+    assert _uploads(s3) == []
+
+
 def test_explicit_abort_and_use_after_close(s3: Any) -> None:
     url = f"s3://{s3.ferrio_bucket}/abort.bin"
     w = ferrio.open_url(url, "w", range_size="5MiB")

@@ -6,8 +6,9 @@
 //! object's size and version are fixed at open (see `ferrio::remote`).
 
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -17,7 +18,7 @@ use crate::buffer::{self, Direction, Target};
 use crate::config::SettingText;
 use crate::errors::{closed_file, to_pyerr};
 use crate::future::{IOFuture, Keep, Pending};
-use crate::gil::without_gil;
+use crate::gil::{release_gil, without_gil, Blocking};
 
 /// An object in remote storage, open for reading. Reads are split into ranged GETs that run in
 /// parallel; the GIL is released while they run.
@@ -293,20 +294,66 @@ impl RemoteWriter {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` on the writer with the GIL released; `ValueError` once closed.
+    /// Runs `f` on the writer with the GIL released; `ValueError` once closed. The call runs on
+    /// a helper thread while this one keeps looking at Python's signals: a Ctrl-C while a
+    /// `write()` waits for parts in flight (or `close()` for the last ones) cancels the upload,
+    /// which is aborted before `KeyboardInterrupt` is raised, so no object is created.
     fn with_writer<T: Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut ferrio::RemoteWriter) -> ferrio::Result<T> + Send,
     ) -> PyResult<T> {
-        without_gil(py, || {
-            let mut slot = self.lock();
-            match slot.as_mut() {
-                Some(w) => Ok(f(w)),
-                None => Err(closed_file()),
-            }
-        })??
-        .map_err(to_pyerr)
+        let canceller = self
+            .lock()
+            .as_ref()
+            .map(|w| w.canceller())
+            .ok_or_else(closed_file)?;
+        let joined = std::thread::scope(|scope| -> PyResult<_> {
+            let call = scope.spawn(|| {
+                let mut slot = self.lock();
+                match slot.as_mut() {
+                    Some(w) => Ok(f(w)),
+                    None => Err(closed_file()),
+                }
+            });
+            let waited = WriterCall {
+                call: Some(call),
+                canceller,
+            };
+            release_gil(py, waited, None)?
+                .ok_or_else(|| PyRuntimeError::new_err("writer call did not finish"))
+        })?;
+        let done = joined.map_err(|_| PyRuntimeError::new_err("writer call panicked"))??;
+        done.map_err(to_pyerr)
+    }
+}
+
+/// A writer call running on a scoped helper thread, waited on in slices by [`release_gil`].
+struct WriterCall<'scope, T> {
+    call: Option<std::thread::ScopedJoinHandle<'scope, T>>,
+    canceller: ferrio::remote::WriteCanceller,
+}
+
+impl<T: Send> Blocking for WriterCall<'_, T> {
+    type Output = std::thread::Result<T>;
+
+    fn wait_slice(&mut self, slice: Duration) -> Option<Self::Output> {
+        let until = Instant::now() + slice;
+        while self.call.as_ref().is_some_and(|c| !c.is_finished()) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        match &self.call {
+            Some(c) if c.is_finished() => self.call.take().map(|c| c.join()),
+            _ => None,
+        }
+    }
+
+    fn abort(&mut self) {
+        // The upload aborts: parts in flight are dropped and the call returns promptly.
+        self.canceller.cancel();
+        if let Some(c) = self.call.take() {
+            let _ = c.join();
+        }
     }
 }
 
