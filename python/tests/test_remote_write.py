@@ -263,6 +263,39 @@ def test_ctrl_c_while_write_waits_for_a_part_aborts_at_once(s3: Any) -> None:
     assert _uploads(s3) == []
 
 
+def test_a_forked_child_cannot_touch_the_parents_upload(s3: Any) -> None:
+    url = f"s3://{s3.ferrio_bucket}/forked.bin"
+    data = _data(2 * PART + 7, seed=17)
+    w = ferrio.open_url(url, "w", range_size="5MiB")
+    w.write(data[: PART + 3])  # one part went up: the upload exists
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            try:
+                w.write(b"x")
+            except ValueError as e:
+                code = 0 if "forked child" in str(e) else 2
+            del w  # letting go of the parent's upload here must neither hang nor abort it
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + BOUND_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's upload is untouched and completes.
+    w.write(data[PART + 3 :])
+    _in_thread(w.close)
+    assert _get(s3, "forked.bin") == data
+
+
 def test_explicit_abort_and_use_after_close(s3: Any) -> None:
     url = f"s3://{s3.ferrio_bucket}/abort.bin"
     w = ferrio.open_url(url, "w", range_size="5MiB")

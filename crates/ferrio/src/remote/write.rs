@@ -64,6 +64,9 @@ pub struct RemoteWriter {
     state: State,
     cancelled: Arc<AtomicBool>,
     external_cancel: Option<Box<dyn Fn() -> bool + Send + Sync>>,
+    /// The process that started the upload: its runtime's threads, connections and parts
+    /// exist only there, so a forked child may neither continue nor abort it.
+    owner: u32,
 }
 
 impl std::fmt::Debug for RemoteWriter {
@@ -127,6 +130,7 @@ impl RemoteWriter {
             state: State::Open,
             cancelled: Arc::new(AtomicBool::new(false)),
             external_cancel: None,
+            owner: crate::sys::process_id(),
         })
     }
 
@@ -175,7 +179,29 @@ impl RemoteWriter {
         }
     }
 
+    /// Whether this is the process that started the upload (not a forked child).
+    fn in_owner(&self) -> bool {
+        crate::sys::process_id() == self.owner
+    }
+
+    /// Lets go of the upload without touching it: in a forked child the parts in flight and the
+    /// upload belong to the parent (which still completes or aborts it), and its runtime has no
+    /// threads here, so even dropping them could wait forever.
+    fn forget(&mut self) {
+        self.state = State::Aborted;
+        self.pending = Vec::new();
+        std::mem::forget(std::mem::take(&mut self.parts));
+        std::mem::forget(self.upload.take());
+    }
+
     fn check_open(&self) -> Result<()> {
+        if !self.in_owner() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: this upload belongs to process {}; a forked child cannot write to it \
+                 (open a new writer in the child)",
+                self.url, self.owner
+            )));
+        }
         match self.state {
             State::Open => Ok(()),
             State::Closed => Err(Error::InvalidArgument(format!(
@@ -341,6 +367,10 @@ impl RemoteWriter {
         if self.state != State::Open {
             return Ok(());
         }
+        if !self.in_owner() {
+            self.forget();
+            return Ok(());
+        }
         self.state = State::Aborted;
         self.pending = Vec::new();
         let mut parts = std::mem::take(&mut self.parts);
@@ -359,6 +389,11 @@ impl RemoteWriter {
 impl Drop for RemoteWriter {
     fn drop(&mut self) {
         if self.state != State::Open {
+            return;
+        }
+        if !self.in_owner() {
+            // A forked child's copy: waiting on the parent's runtime here would hang.
+            self.forget();
             return;
         }
         if Handle::try_current().is_ok() {
@@ -431,6 +466,7 @@ mod tests {
             state: State::Open,
             cancelled: Arc::new(AtomicBool::new(false)),
             external_cancel: None,
+            owner: crate::sys::process_id(),
         }
     }
 
