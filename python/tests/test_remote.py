@@ -21,20 +21,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import BOUND_S, in_thread, remote_data
 
 import ferrio
-
-# Every remote call here must end well before this; pytest itself has no timeout plugin here.
-BOUND_S = 60.0
-
-
-def _data(n: int, seed: int) -> bytes:
-    out = bytearray()
-    block = hashlib.sha256(str(seed).encode()).digest()
-    while len(out) < n:
-        block = hashlib.sha256(block).digest()
-        out += block * 64
-    return bytes(out[:n])
 
 
 def _read_all(f: Any) -> bytes:
@@ -42,25 +31,6 @@ def _read_all(f: Any) -> bytes:
     n = f.read(buf)
     assert n == f.size
     return bytes(buf)
-
-
-def _in_thread(fn: Any) -> Any:
-    """Runs `fn` in a thread and fails the test if it does not return within BOUND_S."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(BOUND_S)
-    assert not t.is_alive(), "remote read did not finish in time"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +128,7 @@ class _Server(http.server.ThreadingHTTPServer):
 
 @pytest.fixture
 def http_object() -> Iterator[tuple[str, _Object]]:
-    obj = _Object(_data((5 << 20) + 12345, seed=1))
+    obj = _Object(remote_data((5 << 20) + 12345, seed=1))
     handler = type("H", (_Handler,), {"obj": obj})
     server = _Server(("127.0.0.1", 0), handler)
     t = threading.Thread(target=server.serve_forever, daemon=True)
@@ -175,7 +145,7 @@ def test_http_ranges_are_byte_identical(http_object: tuple[str, _Object]) -> Non
     with ferrio.open(url, task_size="1MiB") as f:
         assert isinstance(f, ferrio.RemoteFile)
         assert f.size == len(obj.body)
-        assert _in_thread(lambda: _read_all(f)) == obj.body
+        assert in_thread(lambda: _read_all(f)) == obj.body
         for offset, size in [(0, 1), (12345, 3 << 20), (len(obj.body) - 7, 7)]:
             buf = bytearray(size)
             assert f.read(buf, offset=offset) == size
@@ -197,14 +167,14 @@ def test_http_server_ignoring_range_is_a_clear_error(http_object: tuple[str, _Ob
     obj.ignore_range = True
     f = ferrio.open_url(url, range_size="1MiB")
     with pytest.raises(OSError, match=r"object\.bin"):
-        _in_thread(lambda: _read_all(f))
+        in_thread(lambda: _read_all(f))
 
 
 def test_http_503_twice_then_success_is_retried(http_object: tuple[str, _Object]) -> None:
     url, obj = http_object
     f = ferrio.open_url(url, range_size="8MiB")
     obj.fail_503 = 2
-    assert _in_thread(lambda: _read_all(f)) == obj.body
+    assert in_thread(lambda: _read_all(f)) == obj.body
     assert obj.fail_503 == 0
 
 
@@ -215,7 +185,7 @@ def test_http_dropped_connection_mid_body(http_object: tuple[str, _Object]) -> N
     # The broken body is asked again from where it stopped: right bytes, or a clear error.
     outcome: list[Any] = []
     try:
-        outcome.append(_in_thread(lambda: _read_all(f)))
+        outcome.append(in_thread(lambda: _read_all(f)))
     except OSError as e:
         outcome.append(e)
     if isinstance(outcome[0], OSError):
@@ -230,7 +200,7 @@ def test_http_object_replaced_between_requests(http_object: tuple[str, _Object])
     f = ferrio.open_url(url, range_size="1MiB", concurrency=1)
     obj.replace_after_gets = 2
     with pytest.raises(OSError, match="changed since it was opened"):
-        _in_thread(lambda: _read_all(f))
+        in_thread(lambda: _read_all(f))
 
 
 def test_missing_and_malformed_urls(http_object: tuple[str, _Object]) -> None:
@@ -252,7 +222,7 @@ def test_forked_child_reads_with_its_own_runtime(http_object: tuple[str, _Object
 
     url, obj = http_object
     f = ferrio.open_url(url, range_size="1MiB")
-    assert _in_thread(lambda: _read_all(f)) == obj.body  # the parent's runtime is running
+    assert in_thread(lambda: _read_all(f)) == obj.body  # the parent's runtime is running
 
     def child(conn: Any) -> None:
         # The object opened before the fork, and a new one: both read in the child.
@@ -300,18 +270,6 @@ def test_cli_reads_a_url(http_object: tuple[str, _Object]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     boto3 = pytest.importorskip("boto3")
@@ -332,12 +290,12 @@ def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_s3_whole_and_ranged_reads(s3: Any) -> None:
-    data = _data((17 << 20) + 333, seed=2)
+    data = remote_data((17 << 20) + 333, seed=2)
     s3.put_object(Bucket=s3.ferrio_bucket, Key="dir/w.bin", Body=data)
     with ferrio.open(f"s3://{s3.ferrio_bucket}/dir/w.bin") as f:
         assert f.size == len(data)
         assert f.etag
-        assert _in_thread(lambda: _read_all(f)) == data
+        assert in_thread(lambda: _read_all(f)) == data
         buf = bytearray(9 << 20)
         assert f.read(buf, offset=1 << 20) == len(buf)
         assert bytes(buf) == data[1 << 20 : (1 << 20) + len(buf)]
@@ -351,13 +309,13 @@ def test_s3_missing_key_is_file_not_found(s3: Any) -> None:
 
 
 def test_s3_object_replaced_after_open_is_an_error(s3: Any) -> None:
-    data = _data(3 << 20, seed=3)
+    data = remote_data(3 << 20, seed=3)
     s3.put_object(Bucket=s3.ferrio_bucket, Key="r.bin", Body=data)
     f = ferrio.open_url(f"s3://{s3.ferrio_bucket}/r.bin", range_size="1MiB")
     s3.put_object(Bucket=s3.ferrio_bucket, Key="r.bin", Body=b"\0" * len(data))
     buf = bytearray(len(data))
     with pytest.raises(OSError, match="changed since it was opened") as e:
-        _in_thread(lambda: f.read(buf))
+        in_thread(lambda: f.read(buf))
     assert e.value.filename == f"s3://{s3.ferrio_bucket}/r.bin"
 
 
@@ -370,7 +328,7 @@ def test_s3_anonymous_without_credentials(s3: Any, monkeypatch: pytest.MonkeyPat
     # No credentials in the environment: unsigned requests, no wait on a metadata endpoint. A
     # public object reads; a private one is a PermissionError naming the URL.
     with ferrio.open(f"s3://{bucket}/public.bin") as f:
-        assert _in_thread(lambda: _read_all(f)) == b"hello"
+        assert in_thread(lambda: _read_all(f)) == b"hello"
     with pytest.raises(PermissionError) as e:
         ferrio.open(f"s3://{bucket}/private.bin")
     assert e.value.filename == f"s3://{bucket}/private.bin"
@@ -391,7 +349,7 @@ def test_http_into_cupy(http_object: tuple[str, _Object]) -> None:
     url, obj = http_object
     with ferrio.open_url(url, range_size="1MiB") as f:
         dst = cp.full(f.size + 10, 0xA5, dtype=cp.uint8)
-        assert _in_thread(lambda: f.read(dst, size=f.size)) == f.size
+        assert in_thread(lambda: f.read(dst, size=f.size)) == f.size
         assert cp.asnumpy(dst[: f.size]).tobytes() == obj.body
         assert int(dst[f.size]) == 0xA5
         part = cp.zeros(3 << 20, dtype=cp.uint8)

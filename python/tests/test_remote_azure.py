@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import free_port
 
 import ferrio
 
@@ -38,12 +39,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def _azurite() -> str | None:
     local = ROOT / ".tools" / "node_modules" / ".bin" / "azurite-blob"
     return str(local) if local.exists() else shutil.which("azurite-blob")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _signed(method: str, url: str, path: str, body: bytes, headers: dict[str, str]) -> Any:
@@ -78,7 +73,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "Azurite is not installed: it comes from npm (make deps-node puts it in .tools/), "
             "and npm's registry was not reachable when the tools were installed"
         )
-    port = _free_port()
+    port = free_port()
     where = tmp_path_factory.mktemp("azurite")
     proc = subprocess.Popen(
         [exe, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(where),

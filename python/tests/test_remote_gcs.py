@@ -15,13 +15,10 @@ between two GETs of one read.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -29,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import BOUND_S, free_port, in_thread, remote_data
 
 import ferrio
 
-BOUND_S = 60.0
 BUCKET = "ferrio-test"
 
 # Run in the emulator's process: what the XML API of real GCS does and the emulator does not.
@@ -108,45 +105,12 @@ cli.main(sys.argv[1:])
 """
 
 
-def _data(n: int, seed: int) -> bytes:
-    out = bytearray()
-    block = hashlib.sha256(str(seed).encode()).digest()
-    while len(out) < n:
-        block = hashlib.sha256(block).digest()
-        out += block * 64
-    return bytes(out[:n])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _in_thread(fn: Any) -> Any:
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(BOUND_S)
-    assert not t.is_alive(), "remote read did not finish in time"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
-
-
 @pytest.fixture(scope="module")
 def gcs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     pytest.importorskip(
         "gcp_storage_emulator", reason="gcp-storage-emulator is not installed (make deps-python)"
     )
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("gcs") / "emulator.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -216,12 +180,12 @@ def _read_all(f: Any) -> bytes:
 
 @pytest.mark.parametrize("size", [0, 1, (2 << 20) + 4097])
 def test_gcs_sizes_are_byte_identical(gcs: Any, size: int) -> None:
-    data = _data(size, seed=size)
+    data = remote_data(size, seed=size)
     gcs(f"d/obj-{size}.bin", data)
     url = f"gs://{BUCKET}/d/obj-{size}.bin"
     with ferrio.open_url(url, range_size="256KiB", concurrency=4) as f:
         assert f.size == size
-        assert _in_thread(lambda: _read_all(f)) == data
+        assert in_thread(lambda: _read_all(f)) == data
         if size > 1:
             buf = bytearray(size - 1001)
             assert f.read(buf, offset=1000) == len(buf)
@@ -236,7 +200,7 @@ def test_gcs_missing_object_names_the_url(gcs: Any) -> None:
 
 
 def test_gcs_object_replaced_mid_read_is_an_error(gcs: Any) -> None:
-    data = _data(1 << 20, seed=7)
+    data = remote_data(1 << 20, seed=7)
     gcs("r.bin", data)
     f = ferrio.open_url(f"gs://{BUCKET}/r.bin", range_size="64KiB", concurrency=1)
     first = bytearray(64 << 10)
@@ -244,7 +208,7 @@ def test_gcs_object_replaced_mid_read_is_an_error(gcs: Any) -> None:
     gcs("r.bin", b"\0" * len(data))
     buf = bytearray(len(data))
     with pytest.raises(OSError, match="changed since it was opened") as e:
-        _in_thread(lambda: f.read(buf))
+        in_thread(lambda: f.read(buf))
     assert e.value.filename == f"gs://{BUCKET}/r.bin"
     with contextlib.suppress(Exception):
         f.close()

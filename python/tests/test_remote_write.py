@@ -10,7 +10,6 @@ refused). Every case ends within a time bound.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import http.client
 import http.server
 import json
@@ -25,57 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import BOUND_S, in_thread, remote_data
 
 import ferrio
 
-# Every remote call here must end well before this; pytest itself has no timeout plugin here.
-BOUND_S = 60.0
 PART = 5 << 20  # the smallest part S3 takes; the writer's part size in these tests
-
-
-def _data(n: int, seed: int) -> bytes:
-    out = bytearray()
-    block = hashlib.sha256(str(seed).encode()).digest()
-    while len(out) < n:
-        block = hashlib.sha256(block).digest()
-        out += block * 64
-    return bytes(out[:n])
-
-
-def _in_thread(fn: Any) -> Any:
-    """Runs `fn` in a thread and fails the test if it does not return within BOUND_S."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(BOUND_S)
-    assert not t.is_alive(), "remote call did not finish in time"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 # ---------------------------------------------------------------------------------------------
 # moto's S3 server, and a proxy in front of it that misbehaves on request
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
 
 
 class _Faults:
@@ -197,7 +155,7 @@ def _uploads(s3: Any, bucket: str | None = None) -> list[Any]:
 
 @pytest.mark.parametrize("size", [0, 1, PART - 1, PART, 3 * PART + 12345])
 def test_upload_round_trip(s3: Any, size: int) -> None:
-    data = _data(size, seed=size)
+    data = remote_data(size, seed=size)
     key = f"up/{size}.bin"
     url = f"s3://{s3.ferrio_bucket}/{key}"
 
@@ -211,7 +169,7 @@ def test_upload_round_trip(s3: Any, size: int) -> None:
             # Nothing is visible until the writer is closed.
             assert _get(s3, key) is None
 
-    _in_thread(upload)
+    in_thread(upload)
     assert _get(s3, key) == data
     assert _uploads(s3) == []
     with ferrio.open(url) as f:
@@ -223,7 +181,7 @@ def test_upload_round_trip(s3: Any, size: int) -> None:
 @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
 def test_exception_inside_with_leaves_nothing(s3: Any, exc: type[BaseException]) -> None:
     url = f"s3://{s3.ferrio_bucket}/aborted.bin"
-    data = _data(3 * PART, seed=7)
+    data = remote_data(3 * PART, seed=7)
 
     def upload() -> None:
         with ferrio.open(url, "w") as w:
@@ -232,7 +190,7 @@ def test_exception_inside_with_leaves_nothing(s3: Any, exc: type[BaseException])
             raise exc("stop")
 
     with pytest.raises(exc):
-        _in_thread(upload)
+        in_thread(upload)
     assert _get(s3, "aborted.bin") is None
     assert _uploads(s3) == []
 
@@ -253,7 +211,7 @@ def test_ctrl_c_while_write_waits_for_a_part_aborts_at_once(s3: Any) -> None:
 
     threading.Thread(target=interrupt, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        w.write(_data(3 * PART, seed=16))
+        w.write(remote_data(3 * PART, seed=16))
     took = time.monotonic() - sent_at[0]
     assert took < 2.0, f"KeyboardInterrupt took {took:.2f} s after SIGINT"
     with pytest.raises(ValueError):  # the upload is gone: nothing more can be written
@@ -265,7 +223,7 @@ def test_ctrl_c_while_write_waits_for_a_part_aborts_at_once(s3: Any) -> None:
 
 def test_a_forked_child_cannot_touch_the_parents_upload(s3: Any) -> None:
     url = f"s3://{s3.ferrio_bucket}/forked.bin"
-    data = _data(2 * PART + 7, seed=17)
+    data = remote_data(2 * PART + 7, seed=17)
     w = ferrio.open_url(url, "w", range_size="5MiB")
     w.write(data[: PART + 3])  # one part went up: the upload exists
     pid = os.fork()
@@ -292,15 +250,15 @@ def test_a_forked_child_cannot_touch_the_parents_upload(s3: Any) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     # The parent's upload is untouched and completes.
     w.write(data[PART + 3 :])
-    _in_thread(w.close)
+    in_thread(w.close)
     assert _get(s3, "forked.bin") == data
 
 
 def test_explicit_abort_and_use_after_close(s3: Any) -> None:
     url = f"s3://{s3.ferrio_bucket}/abort.bin"
     w = ferrio.open_url(url, "w", range_size="5MiB")
-    w.write(_data(2 * PART + 1, seed=8))
-    _in_thread(w.abort)
+    w.write(remote_data(2 * PART + 1, seed=8))
+    in_thread(w.abort)
     assert w.closed
     with pytest.raises(ValueError):
         w.write(b"more")
@@ -314,10 +272,10 @@ def test_failing_part_leaves_nothing(s3: Any) -> None:
 
     def upload() -> None:
         with ferrio.open_url(url, "w", range_size="5MiB") as w:
-            w.write(_data(3 * PART, seed=9))
+            w.write(remote_data(3 * PART, seed=9))
 
     with pytest.raises(OSError) as e:
-        _in_thread(upload)
+        in_thread(upload)
     assert e.value.filename == url
     assert _get(s3, "failed.bin") is None
     assert _uploads(s3) == []
@@ -347,46 +305,46 @@ def test_http_urls_and_bad_modes_are_refused() -> None:
 
 
 def test_copy_local_to_s3_and_back(s3: Any, tmp_path: Path) -> None:
-    data = _data(2 * PART + 999, seed=11)
+    data = remote_data(2 * PART + 999, seed=11)
     src = tmp_path / "src.bin"
     src.write_bytes(data)
     url = f"s3://{s3.ferrio_bucket}/copied/src.bin"
-    report = _in_thread(lambda: ferrio.copy(str(src), url))
+    report = in_thread(lambda: ferrio.copy(str(src), url))
     assert report["files"] == 1 and report["bytes"] == len(data)
     assert _get(s3, "copied/src.bin") == data
 
     # Into a prefix: named after the source.
-    _in_thread(lambda: ferrio.copy(src, f"s3://{s3.ferrio_bucket}/prefix/"))
+    in_thread(lambda: ferrio.copy(src, f"s3://{s3.ferrio_bucket}/prefix/"))
     assert _get(s3, "prefix/src.bin") == data
 
     back = tmp_path / "back.bin"
-    _in_thread(lambda: ferrio.copy(url, str(back)))
+    in_thread(lambda: ferrio.copy(url, str(back)))
     assert back.read_bytes() == data
     # Into a directory: named after the key.
     into = tmp_path / "dir"
     into.mkdir()
-    _in_thread(lambda: ferrio.copy(url, into))
+    in_thread(lambda: ferrio.copy(url, into))
     assert (into / "src.bin").read_bytes() == data
 
 
 def test_copy_s3_to_s3_same_and_other_bucket(s3: Any) -> None:
-    data = _data(PART + 5, seed=12)
+    data = remote_data(PART + 5, seed=12)
     s3.put_object(Bucket=s3.ferrio_bucket, Key="a.bin", Body=data)
     src = f"s3://{s3.ferrio_bucket}/a.bin"
-    _in_thread(lambda: ferrio.copy(src, f"s3://{s3.ferrio_bucket}/b.bin"))
+    in_thread(lambda: ferrio.copy(src, f"s3://{s3.ferrio_bucket}/b.bin"))
     assert _get(s3, "b.bin") == data
     other = s3.ferrio_bucket + "-2"
     s3.create_bucket(Bucket=other)
-    _in_thread(lambda: ferrio.copy(src, f"s3://{other}/c.bin"))
+    in_thread(lambda: ferrio.copy(src, f"s3://{other}/c.bin"))
     assert _get(s3, "c.bin", bucket=other) == data
 
 
 def test_failed_download_leaves_no_file(s3: Any, tmp_path: Path) -> None:
-    s3.put_object(Bucket=s3.ferrio_bucket, Key="d.bin", Body=_data(PART, seed=13))
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="d.bin", Body=remote_data(PART, seed=13))
     s3.faults.deny_gets = True
     dst = tmp_path / "d.bin"
     with pytest.raises(PermissionError):
-        _in_thread(lambda: ferrio.copy(f"s3://{s3.ferrio_bucket}/d.bin", dst))
+        in_thread(lambda: ferrio.copy(f"s3://{s3.ferrio_bucket}/d.bin", dst))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -403,7 +361,7 @@ def _cli(*args: str) -> list[str]:
 
 
 def test_cli_cp_json_both_ways(s3: Any, tmp_path: Path) -> None:
-    data = _data(PART + 3, seed=14)
+    data = remote_data(PART + 3, seed=14)
     src = tmp_path / "cli.bin"
     src.write_bytes(data)
     url = f"s3://{s3.ferrio_bucket}/cli.bin"
@@ -442,7 +400,7 @@ def test_cli_cp_json_both_ways(s3: Any, tmp_path: Path) -> None:
 def test_cli_cp_ctrl_c_during_upload_leaves_nothing(s3: Any, tmp_path: Path) -> None:
     s3.faults.stall_parts = True
     src = tmp_path / "big.bin"
-    src.write_bytes(_data(4 * PART, seed=15))
+    src.write_bytes(remote_data(4 * PART, seed=15))
     url = f"s3://{s3.ferrio_bucket}/big.bin"
     env = dict(os.environ, FERRIO_REMOTE_RANGE_SIZE="5MiB")
     proc = subprocess.Popen(

@@ -170,18 +170,6 @@ def test_a_header_longer_than_the_first_get(http_base: str, checkpoint_dir: Path
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 def test_s3_checkpoint_and_index_are_bit_identical(
     moto_endpoint: str, checkpoint_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
