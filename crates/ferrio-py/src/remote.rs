@@ -303,6 +303,28 @@ impl RemoteWriter {
         py: Python<'_>,
         f: impl FnOnce(&mut ferrio::RemoteWriter) -> ferrio::Result<T> + Send,
     ) -> PyResult<T> {
+        self.run_writer(py, true, f)
+    }
+
+    /// As [`RemoteWriter::with_writer`]; a call that cannot wait on the store (`may_block`
+    /// false: a write that fills no part only copies bytes) runs on this thread instead, so
+    /// small writes pay for no helper thread.
+    fn run_writer<T: Send>(
+        &self,
+        py: Python<'_>,
+        may_block: bool,
+        f: impl FnOnce(&mut ferrio::RemoteWriter) -> ferrio::Result<T> + Send,
+    ) -> PyResult<T> {
+        if !may_block {
+            return without_gil(py, || {
+                let mut slot = self.lock();
+                match slot.as_mut() {
+                    Some(w) => Ok(f(w)),
+                    None => Err(closed_file()),
+                }
+            })??
+            .map_err(to_pyerr);
+        }
         let canceller = self
             .lock()
             .as_ref()
@@ -375,7 +397,12 @@ impl RemoteWriter {
         };
         let (ptr, len) = (SendConst(host.ptr()), host.len());
         let view = host.into_view();
-        let n = self.with_writer(py, move |w| {
+        // Only a write that fills a part waits on the store (for room among the parts in flight).
+        let may_block = self.lock().as_ref().is_none_or(|w| {
+            let part = w.part_size() as u64;
+            w.written() % part + len as u64 >= part
+        });
+        let n = self.run_writer(py, may_block, move |w| {
             let ptr = ptr;
             // SAFETY: `ptr..ptr+len` lies in the C-contiguous export checked by
             // `buffer::target`, held by `view` until after this call returns; the writer copies
