@@ -135,9 +135,8 @@ pub(crate) fn in_flight_cap(loc: &Location, settings: &Settings) -> Arc<Semaphor
 }
 
 /// Builds the store for `loc` with the settings in force ([`Settings::current`]); see
-/// [`build_with`]. For callers that hold no settings snapshot (writes and copies build their
-/// stores through here); reads pass the snapshot of their open.
-#[allow(dead_code)]
+/// [`build_with`]. For callers that hold no settings snapshot (a copy inside one store); reads
+/// and writes pass the settings they were opened with.
 pub(crate) fn build(loc: &Location) -> Result<Arc<dyn ObjectStore>> {
     build_with(loc, &Settings::current())
 }

@@ -112,7 +112,7 @@ impl RemoteWriter {
                 "{url}: http(s) URLs are read-only; write to s3://, gs:// or az://"
             )));
         }
-        let store = store::build(&location)?;
+        let store = store::build_with(&location, &settings)?;
         let part_size = usize::try_from(settings.remote_range_size)
             .unwrap_or(usize::MAX)
             .max(MIN_PART_SIZE);
