@@ -292,17 +292,31 @@ fn hot_window(files: &[Source], cold: bool) -> Option<u64> {
     Some((widest / WINDOWS_PER_FILE).clamp(MIN_WINDOW, MAX_WINDOW) / MIN_WINDOW * MIN_WINDOW)
 }
 
-/// Streams all of local file `f` (which the page cache holds) through windows of
-/// [`hot_window`]'s size, as `ferrio read` does; returns the bytes read. For `ferrio bench`'s
-/// hot row, where `dd` streams through its block the same way.
-pub(crate) fn stream_hot(f: &ferrio::File) -> anyhow::Result<u64> {
-    let src = [Source::Local(f.clone())];
-    let window = hot_window(&src, false).unwrap_or(MAX_WINDOW);
-    let mut bufs = (0..WINDOWS_PER_FILE)
-        .map(|_| prefaulted(window as usize))
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| anyhow::anyhow!("cannot allocate read windows: out of memory"))?;
-    Ok(read_one(&src[0], &mut bufs)?.bytes)
+/// Streams a local file the page cache holds through windows of [`hot_window`]'s size, as
+/// `ferrio read` does; for `ferrio bench`'s hot row, where `dd` streams through its block the
+/// same way. The windows are sized, allocated and touched once, before any clock starts.
+pub(crate) struct HotReader {
+    src: Source,
+    bufs: Vec<Window>,
+}
+
+impl HotReader {
+    /// Windows for `f`, which should be in the page cache by now (else they are cold-sized).
+    pub(crate) fn new(f: &ferrio::File) -> anyhow::Result<HotReader> {
+        let src = [Source::Local(f.clone())];
+        let window = hot_window(&src, false).unwrap_or(MAX_WINDOW);
+        let bufs = (0..WINDOWS_PER_FILE)
+            .map(|_| prefaulted(window as usize))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| anyhow::anyhow!("cannot allocate read windows: out of memory"))?;
+        let [src] = src;
+        Ok(HotReader { src, bufs })
+    }
+
+    /// Reads the whole file once; returns the bytes read.
+    pub(crate) fn read_all(&mut self) -> anyhow::Result<u64> {
+        Ok(read_one(&self.src, &mut self.bufs)?.bytes)
+    }
 }
 
 /// A buffer of `len` bytes whose pages are all mapped, or `None` when the memory is not there
