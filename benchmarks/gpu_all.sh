@@ -4,7 +4,8 @@
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
 #   bash benchmarks/gpu_all.sh [STEP...]
-#   steps: tests memory contention sweep compare checkpoint policy cligpu firstcall save remote multidrive
+#   steps: tests memory contention sweep compare checkpoint policy cligpu firstcall save remote multigpu
+#          multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
 ROOT=$PWD
@@ -135,6 +136,15 @@ timeout "${REMOTE_TIMEOUT:-150}" python3 benchmarks/remote_compare.py --size "${
   --timeout 60 --dir /dev/shm/ferrio-remote --json "$LOGS/remote_compare.json" >"$LOGS/remote_compare.log" 2>&1
 tail -25 "$LOGS/remote_compare.log" | tee -a "$S"
 rm -rf /dev/shm/ferrio-remote
+fi
+
+if want multigpu; then
+step multi-gpu
+# Issue 18: every GPU of the host fed at once (one process per GPU, and one process for all),
+# against the sum of each GPU's pinned host -> device rate, page cache warm.
+timeout "${MULTIGPU_TIMEOUT:-300}" python3 benchmarks/multi_gpu.py --size-gib "${MULTIGPU_GIB:-8}" \
+  --rounds "${MULTIGPU_ROUNDS:-3}" --json "$LOGS/multi_gpu.json" >"$LOGS/multi_gpu.log" 2>&1
+tail -20 "$LOGS/multi_gpu.log" | tee -a "$S"
 fi
 
 if want multidrive; then
