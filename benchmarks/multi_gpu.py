@@ -5,19 +5,23 @@ Every row runs in fresh processes (set-up included) that get ready, then start t
 signal from this script; a row's aggregate is all bytes moved over the time from the first start
 to the last finish. Rows, each round (rounds alternate, medians reported):
 
+- `host read N threads`: N threads reading the file into reused 4 MiB host buffers, no GPU
+  (what the page cache gives);
 - `pinned gpuN`: pinned host -> device copies (torch, 1 GiB pinned buffer) on one GPU alone,
   the same byte count as the file; their sum over the GPUs is the yardstick;
 - `pinned all`: the same on every GPU at once, one process per GPU (what the host allows);
 - `ferrio gpuN`: one process reading the file into GPU N alone (first call, set-up included);
-- `ferrio per-gpu`: one process per GPU, each reading the whole file into its GPU at once
-  (the usual server start); `-2nd` is a second read in the same processes, started together;
-- `ferrio one-process`: one process reading the file into every GPU at once (one `pread` per
-  GPU, futures), and its second read.
+- `ferrio per-gpu`: one process per GPU, each reading the same file into its GPU at once
+  (the usual server start);
+- `ferrio one-process`: one process reading a file of its own into every GPU at once (one
+  `pread` per GPU, futures; a loader feeding each GPU its own data).
+A ferrio row's `2nd` is a second read in the same processes, started together again;
+`[variant]` rows run with extra `FERRIO_*` settings (`--variants`). Every ferrio read is checked
+against its file at 64 random 4 KiB windows.
 
-Every ferrio read is checked against the file at 64 random 4 KiB windows.
-
-    python3 benchmarks/multi_gpu.py [--size-gib 8] [--rounds 3] [--gpus N] [--file PATH]
-        [--json OUT]
+    python3 benchmarks/multi_gpu.py [--size-gib 8] [--rounds 3] [--gpus N]
+        [--variants 'small=FERRIO_BOUNCE_BUFFER_SIZE=1MiB,FERRIO_BOUNCE_BUFFERS=4;...']
+        [--host-threads 16,32] [--json OUT]
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ import tempfile
 CHILD = r"""
 import json, os, random, sys, time
 import torch
-mode, path, gpus = sys.argv[1], sys.argv[2], [int(g) for g in sys.argv[3].split(",")]
-size = os.path.getsize(path)
+mode, gpus = sys.argv[1], [int(g) for g in sys.argv[3].split(",")]
+paths = sys.argv[2].split(",")
+paths = paths * len(gpus) if len(paths) == 1 else paths   # one file for all, or one per GPU
+size = os.path.getsize(paths[0])
 for g in gpus:
     torch.zeros(1, device=f"cuda:{g}"); torch.cuda.synchronize(g)   # contexts are not timed
 bufs = [torch.empty(size, dtype=torch.uint8, device=f"cuda:{g}") for g in gpus]
@@ -45,7 +51,7 @@ def sync():
     for g in gpus:
         torch.cuda.synchronize(g)
 
-def check(buf):
+def check(buf, path):
     rng = random.Random(size)
     with open(path, "rb") as f:
         for _ in range(64):
@@ -69,9 +75,9 @@ if mode == "pinned":
     rounds = 1
 else:
     import ferrio
-    f = ferrio.open(path)
+    files = [ferrio.open(p) for p in paths]
     def once():
-        futs = [f.pread(buf) for buf in bufs]
+        futs = [f.pread(buf) for f, buf in zip(files, bufs)]
         for fut in futs:
             assert fut.result() == size
         sync()
@@ -84,15 +90,19 @@ for _ in range(rounds):
     out.append([t0, t1])
     print("done", flush=True)
 if mode != "pinned":
-    for buf in bufs:
-        check(buf)
+    for buf, p in zip(bufs, paths):
+        check(buf, p)
 print(json.dumps({"at": out, "bytes": size * len(gpus)}), flush=True)
 """
 
 
-def run_together(mode: str, path: str, groups: list[list[int]]) -> list[float]:
-    """Starts one child per GPU group, starts them together, returns aggregate GiB/s per round."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def run_together(
+    mode: str, path: str, groups: list[list[int]], env_extra: dict[str, str] | None = None
+) -> list[float]:
+    """Starts one child per GPU group, starts them together, returns aggregate GiB/s per round.
+
+    `path` is one file for every GPU or a comma-separated file per GPU of the group."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CHILD, mode, path, ",".join(map(str, g))],
@@ -139,6 +149,54 @@ def run_together(mode: str, path: str, groups: list[list[int]]) -> list[float]:
     return rates
 
 
+HOST_READ = r"""
+import os, sys, threading, time
+path, threads = sys.argv[1], int(sys.argv[2])
+size = os.path.getsize(path)
+fd = os.open(path, os.O_RDONLY)
+step = 4 << 20
+def work(i):
+    buf = bytearray(step)   # reused: a cache-sized target, as a bounce buffer is
+    for off in range(i * step, size, threads * step):
+        os.preadv(fd, [buf], off)
+ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+t0 = time.monotonic()
+for t in ts: t.start()
+for t in ts: t.join()
+print(size / (time.monotonic() - t0) / (1 << 30))
+"""
+
+
+def host_read(path: str, threads: int) -> float:
+    """GiB/s of `threads` threads reading the warm file into reused 4 MiB buffers (no GPU)."""
+    out = subprocess.run(
+        [sys.executable, "-c", HOST_READ, path, str(threads)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout)
+
+
+def parse_variants(spec: str) -> dict[str, dict[str, str]]:
+    """`name=VAR=V,VAR=V;name2=...` -> {name: {VAR: V}}; `default` (no variables) always first."""
+    out: dict[str, dict[str, str]] = {"default": {}}
+    for part in filter(None, spec.split(";")):
+        name, _, rest = part.partition("=")
+        out[name] = dict(kv.split("=", 1) for kv in filter(None, rest.split(",")))
+    return out
+
+
+def make_file(size: int, seed: int) -> str:
+    fd, path = tempfile.mkstemp(prefix="ferrio-multigpu-", dir=os.environ.get("TMPDIR"))
+    block = bytearray(os.urandom(1 << 24))
+    with os.fdopen(fd, "wb") as f:
+        for i in range(0, size, len(block)):
+            block[:16] = i.to_bytes(8, "little") + seed.to_bytes(8, "little")  # no two alike
+            f.write(block[: size - i])
+    return path
+
+
 def gpu_count() -> int:
     out = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
@@ -154,62 +212,71 @@ def main() -> int:
     ap.add_argument("--size-gib", type=float, default=8.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: all)")
-    ap.add_argument("--file", help="an existing file to read (default: a temp file)")
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="extra ferrio settings to compare: 'name=FERRIO_X=V,FERRIO_Y=W;name2=...'",
+    )
+    ap.add_argument(
+        "--host-threads", default="16,32", help="thread counts of the host-read rows ('' for none)"
+    )
     ap.add_argument("--json", help="write every measurement here")
     a = ap.parse_args()
     n = a.gpus or gpu_count()
     gpus = list(range(n))
-    made = None
-    if a.file:
-        path = a.file
-    else:
-        fd, made = tempfile.mkstemp(prefix="ferrio-multigpu-", dir=os.environ.get("TMPDIR"))
-        path = made
-        size = int(a.size_gib * (1 << 30))
-        block = bytearray(os.urandom(1 << 24))
-        with os.fdopen(fd, "wb") as f:
-            for i in range(0, size, len(block)):
-                block[:8] = i.to_bytes(8, "little")  # no two blocks alike
-                f.write(block[: size - i])
+    variants = parse_variants(a.variants)
+    size = int(a.size_gib * (1 << 30))
+    # One file every process reads (the same checkpoint on every GPU), and one more per GPU for
+    # the one-process row (a loader feeding each GPU its own data).
+    files = [make_file(size, seed) for seed in range(n)]
     try:
-        with open(path, "rb") as f:  # page cache warm
-            while f.read(1 << 26):
-                pass
+        for p in files:  # page cache warm
+            with open(p, "rb") as f:
+                while f.read(1 << 26):
+                    pass
         rows: dict[str, list[float]] = {}
+
+        def add(name: str, rates: list[float]) -> None:
+            rows.setdefault(name, []).append(rates[0])
+            if len(rates) > 1:
+                rows.setdefault(name + " 2nd", []).append(rates[1])
+
         for _ in range(a.rounds):
+            for t in filter(None, a.host_threads.split(",")):
+                add(f"host read {t} threads", [host_read(files[0], int(t))])
             for g in gpus:
-                rows.setdefault(f"pinned gpu{g}", []).extend(run_together("pinned", path, [[g]]))
-            rows.setdefault("pinned all", []).extend(
-                run_together("pinned", path, [[g] for g in gpus])
-            )
-            for g in gpus:
-                first, second = run_together("ferrio", path, [[g]])
-                rows.setdefault(f"ferrio gpu{g}", []).append(first)
-                rows.setdefault(f"ferrio gpu{g}-2nd", []).append(second)
-            first, second = run_together("ferrio", path, [[g] for g in gpus])
-            rows.setdefault("ferrio per-gpu", []).append(first)
-            rows.setdefault("ferrio per-gpu-2nd", []).append(second)
-            first, second = run_together("ferrio", path, [gpus])
-            rows.setdefault("ferrio one-process", []).append(first)
-            rows.setdefault("ferrio one-process-2nd", []).append(second)
+                add(f"pinned gpu{g}", run_together("pinned", files[0], [[g]]))
+            add("pinned all", run_together("pinned", files[0], [[g] for g in gpus]))
+            for name, env in variants.items():
+                tag = "" if name == "default" else f" [{name}]"
+                for g in gpus if name == "default" else gpus[:1]:
+                    add(f"ferrio gpu{g}{tag}", run_together("ferrio", files[0], [[g]], env))
+                add(
+                    f"ferrio per-gpu{tag}",
+                    run_together("ferrio", files[0], [[g] for g in gpus], env),
+                )
+                add(
+                    f"ferrio one-process{tag}",
+                    run_together("ferrio", ",".join(files), [gpus], env),
+                )
         med = {k: statistics.median(v) for k, v in rows.items()}
         yard = sum(med[f"pinned gpu{g}"] for g in gpus)
         print(
-            f"{n} GPUs, {os.path.getsize(path) / (1 << 30):.2f} GiB file, page cache warm, "
-            f"{a.rounds} rounds, medians"
+            f"{n} GPUs, {size / (1 << 30):.2f} GiB per file, page cache warm, "
+            f"{a.rounds} rounds, medians; variants: {variants}"
         )
-        print(f"{'row':<26}{'GiB/s':>9}{'x sum pinned':>14}   all rounds")
+        print(f"{'row':<40}{'GiB/s':>9}{'x sum pinned':>14}   all rounds")
         for k, v in rows.items():
             print(
-                f"{k:<26}{med[k]:>9.2f}{med[k] / yard:>14.2f}   " + " ".join(f"{x:.2f}" for x in v)
+                f"{k:<40}{med[k]:>9.2f}{med[k] / yard:>14.2f}   " + " ".join(f"{x:.2f}" for x in v)
             )
         print(f"sum of pinned gpuN (yardstick): {yard:.2f} GiB/s")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"gpus": n, "rows": rows, "medians": med, "yardstick": yard}, f)
     finally:
-        if made:
-            os.unlink(made)
+        for p in files:
+            os.unlink(p)
     return 0
 
 
