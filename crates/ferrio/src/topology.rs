@@ -172,25 +172,29 @@ fn gpu_in(sysfs_root: &Path, ordinal: usize) -> Result<Gpu> {
     })
 }
 
-/// The node to place `context`'s rings and workers on, found once per device and remembered;
-/// `None` (place nothing) when it cannot be found out.
+/// The node to place `context`'s rings and workers on, found once per context and remembered
+/// (workers ask at every task, so the answer costs one lookup); `None` (place nothing) when it
+/// cannot be found out.
 pub(crate) fn context_node(context: Context) -> Option<u32> {
-    static NODES: OnceLock<Mutex<HashMap<usize, Option<u32>>>> = OnceLock::new();
-    let ordinal = context.device_ordinal().ok()?;
+    static NODES: OnceLock<Mutex<HashMap<u64, Option<u32>>>> = OnceLock::new();
     let nodes = NODES.get_or_init(Mutex::default);
     if let Some(&node) = nodes
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .get(&ordinal)
+        .get(&context.id())
     {
         return node;
     }
-    // Asked outside the lock: sysfs reads and driver queries, a few per device per process.
-    let node = gpu(ordinal).ok().and_then(|g| g.placed_on);
+    // Asked outside the lock: sysfs reads and driver queries, a few per context per process.
+    let node = context
+        .device_ordinal()
+        .ok()
+        .and_then(|ordinal| gpu(ordinal).ok())
+        .and_then(|g| g.placed_on);
     nodes
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(ordinal, node);
+        .insert(context.id(), node);
     node
 }
 
