@@ -1,38 +1,132 @@
 //! `ferrio info PATH`: file system, device chain, pool, direct I/O, cache policy and page cache
-//! of a file.
+//! of a file; `ferrio info --gpu N`: a GPU's name, PCI address, memory, NUMA node, PCIe link,
+//! and whether ferrio places its bounce rings on that node.
 
 use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use crate::{existing, out};
+use crate::{existing, out, UsageError};
+
+/// A PCIe link in words: `16.0 GT/s PCIe x16`, `unknown` for what sysfs does not say.
+fn link_text(link: &ferrio::topology::Link) -> String {
+    let speed = link.speed.as_deref().unwrap_or("unknown speed");
+    match link.width {
+        Some(w) => format!("{speed} x{w}"),
+        None => format!("{speed}, unknown width"),
+    }
+}
+
+/// The CPU list in the kernel's short form (`0-15,32-47`).
+fn cpu_list(cpus: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+fn gpu(ordinal: usize, json: bool) -> anyhow::Result<()> {
+    let g = ferrio::topology::gpu(ordinal)?;
+    let node = g.pci.as_ref().and_then(|p| p.numa_node);
+    let one_node = g.online_nodes.len() <= 1;
+    if json {
+        let link = |l: &ferrio::topology::Link| json!({"speed": l.speed, "width": l.width});
+        out(&json!({
+            "gpu": g.device.ordinal, "name": g.device.name, "pci_address": g.device.pci_address,
+            "memory_bytes": g.device.total_memory,
+            "numa_node": node, "online_nodes": g.online_nodes,
+            "node_cpus": g.node_cpus.as_deref().map(cpu_list),
+            "link": g.pci.as_ref().map(|p| json!({"current": link(&p.current_link), "max": link(&p.max_link)})),
+            "rings_placed_on_node": g.placed_on,
+        })
+        .to_string())?;
+        return Ok(());
+    }
+    out(&format!(
+        "gpu:         {} ({})",
+        g.device.ordinal, g.device.name
+    ))?;
+    out(&format!("pci:         {}", g.device.pci_address))?;
+    out(&format!(
+        "memory:      {}",
+        ferrio::config::format_size(g.device.total_memory)
+    ))?;
+    let node_text = match node {
+        _ if one_node => "none: one node".to_string(),
+        Some(n) => n.to_string(),
+        None => "unknown".to_string(),
+    };
+    out(&format!("numa node:   {node_text}"))?;
+    if let (Some(n), Some(cpus)) = (node, &g.node_cpus) {
+        out(&format!("node cpus:   {} (node {n})", cpu_list(cpus)))?;
+    }
+    match &g.pci {
+        Some(p) => {
+            out(&format!("link now:    {}", link_text(&p.current_link)))?;
+            out(&format!("link max:    {}", link_text(&p.max_link)))?;
+        }
+        None => out("link:        unknown (the PCI device is not in /sys)")?,
+    }
+    let placement = match g.placed_on {
+        Some(n) => format!("pinned rings on node {n}, workers on its cpus"),
+        None if one_node => "nothing to place (one NUMA node)".to_string(),
+        None => "none (the GPU's node is unknown)".to_string(),
+    };
+    out(&format!("placement:   {placement}"))?;
+    Ok(())
+}
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
     /// The file to describe
-    path: PathBuf,
+    #[arg(required_unless_present = "gpu")]
+    path: Option<PathBuf>,
+    /// Describe GPU N (as the driver numbers them) instead of a file
+    #[arg(long, value_name = "N", conflicts_with = "path")]
+    gpu: Option<usize>,
     /// Print one JSON object instead of human output
     #[arg(long)]
     json: bool,
 }
 
 pub(crate) fn run(a: Args) -> anyhow::Result<()> {
-    existing(&a.path)?;
+    let path = match (a.path, a.gpu) {
+        (_, Some(ordinal)) => return gpu(ordinal, a.json),
+        (Some(path), None) => path,
+        // clap requires one of the two.
+        (None, None) => return Err(UsageError("give a file or --gpu N".into()).into()),
+    };
+    file(path, a.json)
+}
+
+fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
+    existing(&path)?;
     let settings = ferrio::Settings::global();
-    let chain = ferrio::blockdev::resolve(&a.path)?;
+    let chain = ferrio::blockdev::resolve(&path)?;
     // Open with direct I/O asked for, to learn whether and how the file system allows it.
     let probe = ferrio::File::options()
         .direct_read(ferrio::DirectMode::On)
-        .open(&a.path, "r")?;
+        .open(&path, "r")?;
     let file = ferrio::File::options()
         .settings(settings.clone())
-        .open(&a.path, "r")?;
+        .open(&path, "r")?;
     let decision = file.cache_decision();
     let size = file.len()?;
-    let residency = ferrio::pagecache::residency(&a.path, 0, None)?;
+    let residency = ferrio::pagecache::residency(&path, 0, None)?;
     let pool = file.pool().stats();
     let direct = probe.direct_support();
-    if a.json {
+    if json {
         let disks: Vec<Value> = chain
             .disks()
             .iter()
@@ -52,7 +146,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
             _ => (Value::Null, Value::Null),
         };
         out(&json!({
-            "path": a.path, "size": size, "fs_type": chain.fs_type, "mount_point": chain.mount_point,
+            "path": path, "size": size, "fs_type": chain.fs_type, "mount_point": chain.mount_point,
             "dev": chain.dev().to_string(), "has_block_device": chain.has_block_device(),
             "nodes": chain.nodes().iter().map(|n| n.to_string()).collect::<Vec<_>>(),
             "disks": disks,
@@ -71,7 +165,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     }
     out(&format!(
         "file:        {} ({})",
-        a.path.display(),
+        path.display(),
         ferrio::config::format_size(size)
     ))?;
     out(&format!("chain:       {chain}"))?;
@@ -116,4 +210,22 @@ pub(crate) fn pools_json() -> Value {
             })
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_list;
+
+    #[test]
+    fn cpu_lists_are_written_short() {
+        assert_eq!(cpu_list(&[]), "");
+        assert_eq!(cpu_list(&[3]), "3");
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        let two_ranges: Vec<usize> = (0..16).chain(32..48).collect();
+        assert_eq!(cpu_list(&two_ranges), "0-15,32-47");
+        assert_eq!(
+            ferrio::topology::parse_list(&cpu_list(&two_ranges)).expect("list"),
+            two_ranges
+        );
+    }
 }

@@ -41,7 +41,8 @@ enum Command {
     Bench(bench::Args),
     /// Copy files and directory trees, in parallel across files and devices.
     Cp(cp::Args),
-    /// Show what ferrio knows about a file: file system, device, direct I/O, page cache.
+    /// Show what ferrio knows about a file (file system, device, direct I/O, page cache) or,
+    /// with --gpu N, about a GPU (PCI address, NUMA node, link, ring placement).
     Info(info::Args),
     /// Safetensors checkpoints: `inspect` lists a file's tensors and validates it.
     Safetensors(safetensors::Args),

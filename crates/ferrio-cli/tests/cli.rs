@@ -346,3 +346,39 @@ fn bench_reacts_to_ctrl_c_within_a_fraction_of_a_second() {
         );
     }
 }
+
+#[test]
+fn info_gpu_takes_no_path_and_needs_one_or_the_other() {
+    let o = run(&["info", "--gpu", "0", "/etc/hosts"]);
+    assert_one_line_error(&o, 2, "cannot be used with");
+    let o = run(&["info"]);
+    assert_one_line_error(&o, 2, "required");
+    let o = run(&["info", "--gpu", "first"]);
+    assert_one_line_error(&o, 2, "invalid value");
+}
+
+#[test]
+fn info_gpu_without_a_driver_is_one_clear_line() {
+    for args in [
+        &["info", "--gpu", "0"][..],
+        &["info", "--gpu", "0", "--json"],
+    ] {
+        let o = run(args);
+        if ferrio::cuda::available().is_ok() {
+            // On a GPU machine: the device is described instead.
+            assert_eq!(o.status.code(), Some(0), "{o:?}");
+            let text = String::from_utf8_lossy(&o.stdout);
+            assert!(text.contains("pci"), "{text}");
+            continue;
+        }
+        assert_one_line_error(&o, 1, "CUDA is not available");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(o.stdout.is_empty(), "nothing on stdout: {o:?}");
+    }
+    // A GPU past the count is a usage error where there is a driver.
+    if ferrio::cuda::available().is_ok() {
+        let o = run(&["info", "--gpu", "4096"]);
+        assert_one_line_error(&o, 2, "there is no GPU 4096");
+    }
+}

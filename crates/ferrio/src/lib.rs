@@ -43,6 +43,7 @@ pub mod pagecache;
 pub mod policy;
 pub mod remote;
 pub mod safetensors;
+pub mod topology;
 
 pub use buffer::{AlignedBuf, IoBuf, IoBufMut};
 pub use config::{CacheMode, DirectMode, Settings};

@@ -13,7 +13,11 @@
 //!   ([`EmulatedDevice::violations`]);
 //! - the destination of a device-to-host copy is scribbled over when the copy is issued, so a
 //!   ring that reads a buffer before its copy has completed writes garbage that tests see;
-//! - every copy and record is issued while the engine is bound;
+//! - every copy, record, stream, event and pinned allocation is issued while THIS device is
+//!   bound, and a copy or record uses a stream (and event) of this device: with two devices, a
+//!   driver fails an operation whose context is not current or whose stream belongs to another
+//!   context, and so does the emulator (the operation is refused and listed in
+//!   [`EmulatedDevice::violations`]);
 //! - [`EmulatedDevice::host_range_busy`] tells a test callback whether a copy still uses a
 //!   buffer, and the counters show how many copies were in flight at once.
 //!
@@ -146,19 +150,22 @@ impl EventState {
 }
 
 /// Keeps an [`EmulatedDevice`] bound on this thread (the emulator's stand-in for a current
-/// context); copies issued without one are refused.
+/// context) until dropped, which binds again the device bound before (as popping a context
+/// does); copies issued without this device bound are refused.
 #[derive(Debug)]
 pub struct EmulatedBinding {
+    previous: usize,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 thread_local! {
+    /// The device bound on this thread ([`EmulatedDevice::id`]), 0 for none.
     static BOUND: Cell<usize> = const { Cell::new(0) };
 }
 
 impl Drop for EmulatedBinding {
     fn drop(&mut self) {
-        BOUND.with(|b| b.set(b.get().saturating_sub(1)));
+        BOUND.with(|b| b.set(self.previous));
     }
 }
 
@@ -322,7 +329,9 @@ impl EmulatedDevice {
             .any(|p| p.host < end && start < p.host + p.len)
     }
 
-    /// Descriptions of the copies whose source changed between issue and execution.
+    /// Descriptions of the copies whose source changed between issue and execution, of pinned
+    /// memory freed under a copy, and of operations issued while another device was bound or on
+    /// another device's stream.
     pub fn violations(&self) -> Vec<String> {
         self.inner.lock().violations.clone()
     }
@@ -355,13 +364,37 @@ impl EmulatedDevice {
         }
     }
 
+    /// A number naming this device while it lives (never 0).
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// Refuses `what` unless this device is the one bound on the calling thread. Binding another
+    /// device is listed as a violation too: a ring that does it works on one GPU and fails with
+    /// two.
     fn require_bound(&self, what: &str) -> Result<()> {
-        if BOUND.with(Cell::get) == 0 {
+        let bound = BOUND.with(Cell::get);
+        if bound == self.id() {
+            return Ok(());
+        }
+        if bound == 0 {
             return Err(Error::InvalidArgument(format!(
                 "emulated device: {what} without a binding (no current context)"
             )));
         }
-        Ok(())
+        let why = format!("emulated device: {what} while another device is bound");
+        self.inner.lock().violations.push(why.clone());
+        Err(Error::InvalidArgument(why))
+    }
+
+    /// Refuses `what` on a stream (or event) of another device, listing it as a violation.
+    fn require_own(&self, what: &str, owner: &Arc<Inner>) -> Result<()> {
+        if Arc::ptr_eq(owner, &self.inner) {
+            return Ok(());
+        }
+        let why = format!("emulated device: {what} on a stream or event of another device");
+        self.inner.lock().violations.push(why.clone());
+        Err(Error::InvalidArgument(why))
     }
 
     fn fault(st: &State, call: &'static str) -> Result<()> {
@@ -386,6 +419,7 @@ impl EmulatedDevice {
         stream: &EmulatedStream,
     ) -> Result<()> {
         self.require_bound(call)?;
+        self.require_own(call, &stream.device)?;
         let mut st = self.inner.lock();
         Self::fault(&st, call)?;
         let (host, device) = if to_device { (src, dst) } else { (dst, src) };
@@ -529,8 +563,9 @@ impl CopyEngine for EmulatedDevice {
     type Binding = EmulatedBinding;
 
     fn bind(&self) -> Result<EmulatedBinding> {
-        BOUND.with(|b| b.set(b.get() + 1));
+        let previous = BOUND.with(|b| b.replace(self.id()));
         Ok(EmulatedBinding {
+            previous,
             _not_send: std::marker::PhantomData,
         })
     }
@@ -617,6 +652,8 @@ impl CopyEngine for EmulatedDevice {
 
     fn record(&self, event: &EmulatedEvent, stream: &EmulatedStream) -> Result<()> {
         self.require_bound("record")?;
+        self.require_own("record", &stream.device)?;
+        self.require_own("record", &event.device)?;
         let mark = {
             let mut marks = event.state.marks();
             marks.0 += 1;

@@ -108,6 +108,50 @@ pub(crate) fn device_get(ordinal: c_int) -> Result<CuDevice> {
     Ok(dev)
 }
 
+/// Reads a NUL-terminated string of at most `N - 1` bytes that `fill(buf, len)` writes.
+fn device_string<const N: usize>(
+    d: &Driver,
+    call: &'static str,
+    fill: impl FnOnce(*mut std::ffi::c_char, c_int) -> driver::CuResult,
+) -> Result<String> {
+    let mut buf = [0u8; N];
+    // N is a small constant, well within c_int.
+    d.check(call, fill(buf.as_mut_ptr().cast(), N as c_int))?;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(N);
+    Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+/// `cuDeviceGetName`: the device's product name.
+pub(crate) fn device_get_name(dev: CuDevice) -> Result<String> {
+    let d = driver::get()?;
+    device_string::<256>(d, "cuDeviceGetName", |buf, len| {
+        // SAFETY: `buf` is writable for `len` bytes; the driver writes a NUL-terminated name
+        // of at most `len` bytes; `dev` came from cuDeviceGet.
+        unsafe { (d.api.device_get_name)(buf, len, dev) }
+    })
+}
+
+/// `cuDeviceGetPCIBusId`: the device's PCI address as the driver writes it
+/// (`0000:0A:00.0`: domain, bus, device, function; hex digits in upper case).
+pub(crate) fn device_get_pci_bus_id(dev: CuDevice) -> Result<String> {
+    let d = driver::get()?;
+    device_string::<64>(d, "cuDeviceGetPCIBusId", |buf, len| {
+        // SAFETY: as for `device_get_name` (the id needs 13 bytes of the 64).
+        unsafe { (d.api.device_get_pci_bus_id)(buf, len, dev) }
+    })
+}
+
+/// `cuDeviceTotalMem`: the device's memory in bytes.
+pub(crate) fn device_total_mem(dev: CuDevice) -> Result<usize> {
+    let d = driver::get()?;
+    let mut bytes = 0usize;
+    // SAFETY: out-pointer to a live local; `dev` came from cuDeviceGet.
+    d.check("cuDeviceTotalMem", unsafe {
+        (d.api.device_total_mem)(&mut bytes, dev)
+    })?;
+    Ok(bytes)
+}
+
 /// `cuDevicePrimaryCtxRetain`: retains the primary context of `dev` (null if the driver returns
 /// none). Nothing here releases it.
 pub(crate) fn primary_ctx_retain(dev: CuDevice) -> Result<Handle> {
@@ -392,6 +436,40 @@ pub(crate) fn mem_host_alloc(ctx: Context, bytes: usize) -> Result<NonNull<c_voi
     let code = unsafe { (d.api.mem_host_alloc)(&mut p, bytes, driver::CU_MEMHOSTALLOC_PORTABLE) };
     d.check("cuMemHostAlloc", code)?;
     non_null("cuMemHostAlloc", p)
+}
+
+/// `cuMemHostRegister`: pins `bytes` of host memory at `ptr`, allocated elsewhere, for every
+/// context (`CU_MEMHOSTREGISTER_PORTABLE`, as [`mem_host_alloc`] does).
+///
+/// # Safety
+/// `ptr..ptr+bytes` must be mapped host memory that stays mapped until
+/// [`mem_host_unregister`].
+pub(crate) unsafe fn mem_host_register(
+    ctx: Context,
+    ptr: NonNull<c_void>,
+    bytes: usize,
+) -> Result<()> {
+    let (d, _g) = bound(ctx)?;
+    // SAFETY: the caller's contract; the context is current (the guard).
+    let code = unsafe {
+        (d.api.mem_host_register)(ptr.as_ptr(), bytes, driver::CU_MEMHOSTREGISTER_PORTABLE)
+    };
+    d.check("cuMemHostRegister", code)
+}
+
+/// `cuMemHostUnregister`: unpins memory from [`mem_host_register`]. A deinitialised driver
+/// counts as success (see the module docs).
+///
+/// # Safety
+/// `ptr` must be the start of a range registered with [`mem_host_register`], unregistered
+/// once, and no copy may still use it.
+pub(crate) unsafe fn mem_host_unregister(ctx: Context, ptr: NonNull<c_void>) -> Result<()> {
+    let Some((d, _g)) = bound_for_release(ctx)? else {
+        return Ok(());
+    };
+    // SAFETY: the caller's contract.
+    let code = unsafe { (d.api.mem_host_unregister)(ptr.as_ptr()) };
+    check_release(d, "cuMemHostUnregister", code)
 }
 
 /// `cuMemFreeHost`: frees pinned host memory. A deinitialised driver counts as success (see

@@ -44,6 +44,7 @@ pub(crate) const CU_MEMORYTYPE_UNIFIED: c_uint = 4;
 pub(crate) const CU_STREAM_NON_BLOCKING: c_uint = 1;
 pub(crate) const CU_EVENT_DISABLE_TIMING: c_uint = 2;
 pub(crate) const CU_MEMHOSTALLOC_PORTABLE: c_uint = 1;
+pub(crate) const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 1;
 pub(crate) const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
 /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: bytes a memory pool keeps before trimming at a sync.
 pub(crate) const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
@@ -98,6 +99,12 @@ driver_api! {
     device_get_count = c"cuDeviceGetCount": fn(*mut c_int);
     /// `cuDeviceGet(CUdevice*, int ordinal)`.
     device_get = c"cuDeviceGet": fn(*mut CuDevice, c_int);
+    /// `cuDeviceGetName(char*, len, CUdevice)`.
+    device_get_name = c"cuDeviceGetName": fn(*mut c_char, c_int, CuDevice);
+    /// `cuDeviceGetPCIBusId(char*, len, CUdevice)`: `domain:bus:device.function`.
+    device_get_pci_bus_id = c"cuDeviceGetPCIBusId": fn(*mut c_char, c_int, CuDevice);
+    /// `cuDeviceTotalMem(size_t*, CUdevice)`.
+    device_total_mem = c"cuDeviceTotalMem_v2": fn(*mut usize, CuDevice);
     /// `cuDevicePrimaryCtxRetain(CUcontext*, CUdevice)`.
     primary_ctx_retain = c"cuDevicePrimaryCtxRetain": fn(*mut Handle, CuDevice);
     /// `cuCtxGetCurrent(CUcontext*)`.
@@ -138,6 +145,10 @@ driver_api! {
     mem_host_alloc = c"cuMemHostAlloc": fn(*mut *mut c_void, usize, c_uint);
     /// `cuMemFreeHost(void*)`.
     mem_free_host = c"cuMemFreeHost": fn(*mut c_void);
+    /// `cuMemHostRegister(void*, bytes, flags)`: pins host memory allocated elsewhere.
+    mem_host_register = c"cuMemHostRegister_v2": fn(*mut c_void, usize, c_uint);
+    /// `cuMemHostUnregister(void*)`.
+    mem_host_unregister = c"cuMemHostUnregister": fn(*mut c_void);
     /// `cuMemAlloc(CUdeviceptr*, bytes)`.
     mem_alloc = c"cuMemAlloc_v2": fn(*mut CuDevicePtr, usize);
     /// `cuMemAllocManaged(CUdeviceptr*, bytes, flags)`.

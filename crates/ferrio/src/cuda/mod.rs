@@ -74,6 +74,46 @@ pub fn driver_info() -> Result<DriverInfo> {
     })
 }
 
+/// What the driver says about one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceInfo {
+    /// The device's ordinal (as `CUDA_VISIBLE_DEVICES` leaves them).
+    pub ordinal: usize,
+    /// The product name (`NVIDIA H200`, say).
+    pub name: String,
+    /// The PCI address, `domain:bus:device.function` in lower case as sysfs spells it
+    /// (`0000:0a:00.0`: `/sys/bus/pci/devices/0000:0a:00.0`).
+    pub pci_address: String,
+    /// The device's memory in bytes.
+    pub total_memory: u64,
+}
+
+/// The name, PCI address and memory of device `ordinal`, loading the driver if needed.
+///
+/// # Errors
+/// [`Error::CudaUnavailable`](crate::Error::CudaUnavailable) as for [`available`];
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an ordinal past the device
+/// count; [`Error::Cuda`](crate::Error::Cuda) if the driver refuses a query.
+pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
+    let count = driver::get()?.device_count;
+    let index = std::ffi::c_int::try_from(ordinal)
+        .ok()
+        .filter(|&i| i < count)
+        .ok_or_else(|| {
+            crate::Error::InvalidArgument(format!(
+                "there is no GPU {ordinal}: the driver sees {count} (numbered from 0)"
+            ))
+        })?;
+    let dev = calls::device_get(index)?;
+    Ok(DeviceInfo {
+        ordinal,
+        name: calls::device_get_name(dev)?,
+        pci_address: calls::device_get_pci_bus_id(dev)?.to_ascii_lowercase(),
+        total_memory: calls::device_total_mem(dev)? as u64,
+    })
+}
+
 /// Blocks until everything queued so far on `stream` has finished. `stream` is a raw `CUstream`
 /// handle owned by another library (CuPy, PyTorch), or `1` / `2` for the legacy / per-thread
 /// default stream, as `__cuda_array_interface__` and DLPack name them.

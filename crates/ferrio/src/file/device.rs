@@ -2,6 +2,8 @@
 //! span a bounce ring, and runs every task through the worker's ring ([`crate::bounce`]), reading
 //! or writing the file with the host read and write paths. The only CUDA calls made here are
 //! [`crate::cuda`]'s questions (is there a driver, what is this pointer); copies are the ring's.
+//! A worker starting a task moves to the GPU's NUMA node where there are several
+//! ([`crate::topology`]).
 
 use std::sync::Arc;
 
@@ -82,6 +84,8 @@ impl File {
         bounce::trace::record("request", bounce::trace::start(), len as u64);
         let file = self.clone();
         let run = Box::new(move |w: &mut Worker, t: &Task| {
+            // On a machine with several NUMA nodes, fill the GPU's ring from its node's CPUs.
+            crate::topology::follow_gpu(context);
             let at = DevicePtr(ptr.0 + t.buf_offset as u64);
             let settings = &file.inner.settings;
             let task_started = bounce::trace::start();

@@ -1,10 +1,11 @@
 //! Every raw syscall ferrio makes, wrapped so that callers get `io::Result` and never see `errno`.
 //!
 //! This module owns file descriptors' syscalls (open, fcntl, pread/pwrite loops, statx,
-//! cachestat, fadvise, mincore, sync, the block-device size ioctl) and the id of the running
-//! process. Nothing here knows about tasks, pools or settings.
+//! cachestat, fadvise, mincore, sync, the block-device size ioctl), the id of the running
+//! process, and NUMA placement and CPU affinity (`numa.rs`). Nothing here knows about tasks, pools or settings.
 
 mod copy;
+pub mod numa;
 mod process;
 pub(crate) mod statfs;
 

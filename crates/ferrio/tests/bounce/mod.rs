@@ -6,6 +6,7 @@
 
 mod emulated;
 mod real;
+mod two_devices;
 
 use std::sync::Arc;
 

@@ -10,3 +10,4 @@ mod policy;
 mod readme;
 mod remote;
 mod special;
+mod topology;
