@@ -10,6 +10,8 @@ to the last finish. Rows, each round (rounds alternate, medians reported):
 - `pinned gpuN`: pinned host -> device copies (torch, 1 GiB pinned buffer) on one GPU alone,
   the same byte count as the file; their sum over the GPUs is the yardstick;
 - `pinned all`: the same on every GPU at once, one process per GPU (what the host allows);
+- `pageable gpu0, 16 threads`: copies from ordinary memory, which the driver stages through
+  pinned buffers made with the context (a first call with no pinning of its own);
 - `ferrio gpuN`: one process reading the file into GPU N alone (first call, set-up included);
 - `ferrio per-gpu`: one process per GPU, each reading the same file into its GPU at once
   (the usual server start);
@@ -73,6 +75,24 @@ if mode == "pinned":
         sync()
     once()   # warm-up: the row measures the link, not the first copy's set-up
     rounds = 1
+elif mode == "pageable":
+    # 16 threads copying from ordinary (pageable) memory: the driver stages the bytes through
+    # pinned buffers of its own, made with the context, so no pinning is on this clock.
+    import threading
+    piece = 64 << 20
+    hosts = [torch.full((piece,), 7, dtype=torch.uint8) for _ in range(16)]
+    def once():
+        def work(i):
+            for buf in bufs:
+                with torch.cuda.device(buf.device):
+                    for at in range(i * piece, size, 16 * piece):
+                        n = min(piece, size - at)
+                        buf[at:at + n].copy_(hosts[i][:n])
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+        for t in ts: t.start()
+        for t in ts: t.join()
+        sync()
+    rounds = 2
 else:
     import ferrio
     files = [ferrio.open(p) for p in paths]
@@ -89,7 +109,7 @@ for _ in range(rounds):
     t0 = time.monotonic(); once(); t1 = time.monotonic()
     out.append([t0, t1])
     print("done", flush=True)
-if mode != "pinned":
+if mode == "ferrio":
     for buf, p in zip(bufs, paths):
         check(buf, p)
 print(json.dumps({"at": out, "bytes": size * len(gpus)}), flush=True)
@@ -247,6 +267,7 @@ def main() -> int:
             for g in gpus:
                 add(f"pinned gpu{g}", run_together("pinned", files[0], [[g]]))
             add("pinned all", run_together("pinned", files[0], [[g] for g in gpus]))
+            add("pageable gpu0, 16 threads", run_together("pageable", files[0], [[0]]))
             for name, env in variants.items():
                 tag = "" if name == "default" else f" [{name}]"
                 for g in gpus if name == "default" else gpus[:1]:
