@@ -16,6 +16,7 @@
 //! knows store kinds and their configuration.
 
 mod fetch;
+mod list;
 mod runtime;
 mod store;
 mod write;
@@ -36,6 +37,8 @@ use crate::error::{Error, Result};
 use crate::plan::{self, Task};
 use crate::pool::{Completion, IoFuture};
 
+pub(crate) use list::{as_prefix, can_list, encode_key_part, is_plain_name};
+pub use list::{list_prefix, ListedObject};
 pub use store::is_remote_url;
 pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MIN_PART_SIZE};
 
