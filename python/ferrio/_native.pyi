@@ -169,7 +169,7 @@ class RemoteWriter:
     """
 
     def write(self, buf: _Buffer) -> int:
-        """Append the bytes of a host buffer; return how many were taken (all)."""
+        """Append the bytes of a host buffer or GPU array; return how many were taken (all)."""
     def close(self) -> None:
         """Complete the object; it exists once this returns."""
     def abort(self) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import BOUND_S, in_thread, remote_data
 
@@ -440,9 +441,7 @@ def test_copy_prefix_with_escaping_key_is_refused(s3: Any, tmp_path: Path) -> No
     assert list(tmp_path.rglob("*")) == [out.parent]
 
 
-def test_copy_tree_upload_failing_mid_way_leaves_no_partial_object(
-    s3: Any, tmp_path: Path
-) -> None:
+def test_copy_tree_upload_failing_mid_way_leaves_no_partial_object(s3: Any, tmp_path: Path) -> None:
     src = tmp_path / "tree"
     (src / "sub").mkdir(parents=True)
     (src / "big.bin").write_bytes(remote_data(3 * PART, seed=23))
@@ -533,6 +532,71 @@ def test_cli_cp_recursive_json(s3: Any, tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "no-such-prefix" in out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU memory (runs on the GPU machine only)
+# ---------------------------------------------------------------------------------------------
+
+
+def _cupy() -> Any:
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no GPU")
+    except Exception as e:
+        pytest.skip(f"no usable GPU: {e}")
+    return cp
+
+
+def test_upload_from_cupy_array(s3: Any) -> None:
+    cp = _cupy()
+    data = remote_data(3 * PART + 4099, seed=30)
+    key = "gpu/cupy.bin"
+    url = f"s3://{s3.ferrio_bucket}/{key}"
+    src = cp.asarray(np.frombuffer(data, dtype=np.uint8))
+    cp.cuda.runtime.deviceSynchronize()
+
+    def upload() -> None:
+        with ferrio.open_url(url, "w", range_size="5MiB", concurrency=2) as w:
+            # Host and GPU writes mix; the GPU write starts inside a part and spans several.
+            assert w.write(data[:1000]) == 1000
+            assert w.write(src[1000 : 2 * PART]) == 2 * PART - 1000
+            assert w.write(src[2 * PART :]) == len(data) - 2 * PART
+            assert w.tell() == len(data)
+            assert _get(s3, key) is None
+
+    in_thread(upload)
+    assert _get(s3, key) == data
+    assert _uploads(s3) == []
+
+
+def test_upload_from_torch_cuda_tensor_and_abort(s3: Any) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU for torch")
+    data = remote_data(PART + 17, seed=31)
+    url = f"s3://{s3.ferrio_bucket}/gpu/torch.bin"
+    src = torch.frombuffer(bytearray(data), dtype=torch.uint8).cuda()
+    torch.cuda.synchronize()
+    in_thread(lambda: _write_all(url, src))
+    assert _get(s3, "gpu/torch.bin") == data
+    # An exception after a GPU write still aborts: no object, no parts.
+
+    def aborted() -> None:
+        with ferrio.open_url(url + ".aborted", "w", range_size="5MiB") as w:
+            w.write(src)
+            raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError):
+        in_thread(aborted)
+    assert _get(s3, "gpu/torch.bin.aborted") is None
+    assert _uploads(s3) == []
+
+
+def _write_all(url: str, buf: Any) -> None:
+    with ferrio.open_url(url, "w", range_size="5MiB") as w:
+        w.write(buf)
 
 
 def _cli(*args: str) -> list[str]:
