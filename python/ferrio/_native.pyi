@@ -357,9 +357,12 @@ def copy(
     complete, so a failure or Ctrl-C leaves no partial file. A source or ``dst`` may be a URL
     (s3://, gs://, az://; http(s):// as a source): files are uploaded by multipart upload
     (no object unless complete), downloaded into a temporary file renamed into place, or copied
-    inside the store within one bucket; a ``dst`` URL ending in "/" is a prefix. Directories
-    with URLs are not supported yet. Returns a dict with ``files``,
-    ``dirs``, ``symlinks``, ``bytes``, ``verified`` and ``seconds``; raises the first error.
+    inside the store within one bucket; a ``dst`` URL ending in "/" is a prefix. With
+    ``recursive=True`` a directory is uploaded under a prefix (``prefix/relative/path``) and a
+    prefix downloaded into a directory (made as needed); a prefix with no objects raises
+    ``FileNotFoundError``, a key with a ``..`` component ``ValueError``. Returns a dict with
+    ``files``, ``dirs``, ``symlinks``, ``bytes``, ``verified`` and ``seconds``; raises the
+    first error.
     """
 
 @final
