@@ -296,6 +296,10 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
                         return Err(not_found(u, "no objects under this prefix"));
                     }
                     // No keys under `u/`: `u` may name one object, copied as a file.
+                } else if u.ends_with('/') && options.recursive {
+                    return Err(Error::InvalidArgument(format!(
+                        "{u}: http(s) servers cannot be listed; copy their objects one by one"
+                    )));
                 } else if u.ends_with('/') {
                     return Err(Error::InvalidArgument(format!(
                         "{u} is a prefix: copy it with recursive (-r)"
