@@ -297,7 +297,7 @@ impl RemoteWriter {
         if src.checked_add(len).is_none() {
             return Err(Error::InvalidArgument("device range wraps around".into()));
         }
-        let ring = match self.device_ring.take() {
+        let mut ring = match self.device_ring.take() {
             Some(ring) if ring.0.engine().context() == context && !ring.0.is_poisoned() => ring,
             _ => DeviceRing(BounceRing::new(
                 CudaEngine::new(context)?,
@@ -306,7 +306,6 @@ impl RemoteWriter {
                 PinnedBudget::global().clone(),
             )?),
         };
-        let mut ring = ring;
         let appended = self.append_through(&mut ring.0, src, len);
         self.device_ring = Some(ring);
         appended
