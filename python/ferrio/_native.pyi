@@ -169,7 +169,7 @@ class RemoteWriter:
     """
 
     def write(self, buf: _Buffer) -> int:
-        """Append the bytes of a host buffer; return how many were taken (all)."""
+        """Append the bytes of a host buffer or GPU array; return how many were taken (all)."""
     def close(self) -> None:
         """Complete the object; it exists once this returns."""
     def abort(self) -> None:
@@ -357,9 +357,12 @@ def copy(
     complete, so a failure or Ctrl-C leaves no partial file. A source or ``dst`` may be a URL
     (s3://, gs://, az://; http(s):// as a source): files are uploaded by multipart upload
     (no object unless complete), downloaded into a temporary file renamed into place, or copied
-    inside the store within one bucket; a ``dst`` URL ending in "/" is a prefix. Directories
-    with URLs are not supported yet. Returns a dict with ``files``,
-    ``dirs``, ``symlinks``, ``bytes``, ``verified`` and ``seconds``; raises the first error.
+    inside the store within one bucket; a ``dst`` URL ending in "/" is a prefix. With
+    ``recursive=True`` a directory is uploaded under a prefix (``prefix/relative/path``) and a
+    prefix downloaded into a directory (made as needed); a prefix with no objects raises
+    ``FileNotFoundError``, a key with a ``..`` component ``ValueError``. Returns a dict with
+    ``files``, ``dirs``, ``symlinks``, ``bytes``, ``verified`` and ``seconds``; raises the
+    first error.
     """
 
 @final

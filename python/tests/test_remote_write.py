@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import BOUND_S, in_thread, remote_data
 
@@ -348,12 +349,254 @@ def test_failed_download_leaves_no_file(s3: Any, tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_copy_missing_and_recursive(s3: Any, tmp_path: Path) -> None:
+def test_copy_missing_and_not_recursive(s3: Any, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         ferrio.copy(f"s3://{s3.ferrio_bucket}/missing.bin", tmp_path / "x")
-    with pytest.raises(ValueError, match="recursive copy with URLs is not supported yet"):
-        ferrio.copy(tmp_path, f"s3://{s3.ferrio_bucket}/tree/", recursive=True)
-    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "tree").mkdir()
+    with pytest.raises(ValueError, match="recursive"):
+        ferrio.copy(tmp_path / "tree", f"s3://{s3.ferrio_bucket}/tree/")
+    with pytest.raises(ValueError, match="recursive"):
+        ferrio.copy(f"s3://{s3.ferrio_bucket}/tree/", tmp_path / "out")
+    assert [p.name for p in tmp_path.iterdir()] == ["tree"]
+
+
+# ---------------------------------------------------------------------------------------------
+# recursive copies with URLs
+# ---------------------------------------------------------------------------------------------
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Makes a tree under `root` (nested directories, an empty file, an empty directory)."""
+    files = {
+        "a.bin": remote_data(PART + 5, seed=20),
+        "sub/b.bin": remote_data(1000, seed=21),
+        "sub/deeper/c.bin": b"",
+        "sub/deeper/name with #?%.bin": remote_data(77, seed=22),
+    }
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    (root / "empty-dir" / "nested-empty").mkdir(parents=True)
+    return files
+
+
+def _keys(s3: Any, prefix: str) -> list[str]:
+    listed = s3.list_objects_v2(Bucket=s3.ferrio_bucket, Prefix=prefix)
+    return sorted(o["Key"] for o in listed.get("Contents", []))
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_copy_tree_up_and_down(s3: Any, tmp_path: Path) -> None:
+    src = tmp_path / "tree"
+    files = _tree(src)
+    url = f"s3://{s3.ferrio_bucket}/up/tree/"
+    report = in_thread(lambda: ferrio.copy(src, url, recursive=True))
+    assert report["files"] == len(files)
+    assert report["bytes"] == sum(len(d) for d in files.values())
+    assert _keys(s3, "up/") == sorted(f"up/tree/{rel}" for rel in files)
+    for rel, data in files.items():
+        assert _get(s3, f"up/tree/{rel}") == data
+    assert _uploads(s3) == []
+
+    # Into a directory that does not exist: the prefix's contents become it (cp -r's rule),
+    # and the prefix may be named without its trailing slash.
+    out = tmp_path / "out"
+    report = in_thread(lambda: ferrio.copy(url.rstrip("/"), out, recursive=True))
+    assert report["files"] == len(files)
+    assert _files(out) == files
+    # Into a directory that exists: the tree goes inside it by name.
+    in_thread(lambda: ferrio.copy(url, out, recursive=True))
+    assert _files(out / "tree") == files
+    assert not [p for p in tmp_path.rglob("*") if ".ferrio-" in p.name]
+
+
+def test_copy_empty_tree_and_missing_prefix(s3: Any, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    (empty / "nested").mkdir(parents=True)
+    report = in_thread(lambda: ferrio.copy(empty, f"s3://{s3.ferrio_bucket}/e/", recursive=True))
+    assert report["files"] == 0
+    assert _keys(s3, "e/") == []
+    url = f"s3://{s3.ferrio_bucket}/e/"
+    with pytest.raises(FileNotFoundError) as e:
+        in_thread(lambda: ferrio.copy(url, tmp_path / "down", recursive=True))
+    assert e.value.filename == url
+    assert not (tmp_path / "down").exists()
+
+
+def test_copy_prefix_with_escaping_key_is_refused(s3: Any, tmp_path: Path) -> None:
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="evil/ok.bin", Body=b"fine")
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="evil/../../escaped.bin", Body=b"bad")
+    assert "evil/../../escaped.bin" in _keys(s3, "evil/")
+    out = tmp_path / "inner" / "out"
+    out.parent.mkdir()
+    url = f"s3://{s3.ferrio_bucket}/evil/"
+    with pytest.raises(ValueError, match="not a safe relative path"):
+        in_thread(lambda: ferrio.copy(url, out, recursive=True))
+    # Nothing at all was written: not the safe key either, and nothing outside.
+    assert list(tmp_path.rglob("*")) == [out.parent]
+
+
+def test_copy_tree_upload_failing_mid_way_leaves_no_partial_object(s3: Any, tmp_path: Path) -> None:
+    src = tmp_path / "tree"
+    (src / "sub").mkdir(parents=True)
+    (src / "big.bin").write_bytes(remote_data(3 * PART, seed=23))
+    (src / "sub" / "small.bin").write_bytes(b"small")
+    (src / "dangling").symlink_to(tmp_path / "nowhere")
+    s3.faults.fail_parts = True
+    url = f"s3://{s3.ferrio_bucket}/fail/"
+    env = {"FERRIO_REMOTE_RANGE_SIZE": "5MiB", "FERRIO_REMOTE_RETRIES": "0"}
+    with pytest.raises(OSError):
+        in_thread(lambda: ferrio.copy(src, url, recursive=True))
+    # The multipart upload of the big file was aborted; the small one (one PUT) is whole.
+    assert _get(s3, "fail/big.bin") is None
+    assert _uploads(s3) == []
+    assert _keys(s3, "fail/") == ["fail/sub/small.bin"]
+    # The same through the CLI: one line per failed file, exit status 1.
+    out = subprocess.run(
+        _cli("cp", "-r", str(src), url, "--json"),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+        env=dict(os.environ, **env),
+    )
+    assert out.returncode == 1, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["files"] == 1
+    failed = sorted(Path(e["path"]).name for e in summary["errors"])
+    assert failed == ["big.bin", "dangling"]
+    assert _get(s3, "fail/big.bin") is None
+    assert _uploads(s3) == []
+
+
+def test_copy_prefix_download_failing_mid_way_leaves_no_partial_file(
+    s3: Any, tmp_path: Path
+) -> None:
+    for i in range(4):
+        s3.put_object(Bucket=s3.ferrio_bucket, Key=f"d/{i}/x.bin", Body=remote_data(PART, seed=i))
+    s3.faults.deny_gets = True
+    out = tmp_path / "out"
+    with pytest.raises(PermissionError):
+        in_thread(lambda: ferrio.copy(f"s3://{s3.ferrio_bucket}/d/", out, recursive=True))
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    # A local conflict fails one file; the others are whole, and no temporary file is left.
+    s3.faults.deny_gets = False
+    out.mkdir(exist_ok=True)
+    (out / "d").mkdir(exist_ok=True)
+    if (out / "d" / "2").exists():
+        (out / "d" / "2").rmdir()
+    (out / "d" / "2").write_bytes(b"a file where a directory should be")
+    with pytest.raises(OSError):
+        in_thread(lambda: ferrio.copy(f"s3://{s3.ferrio_bucket}/d/", out, recursive=True))
+    for i in (0, 1, 3):
+        assert (out / "d" / str(i) / "x.bin").read_bytes() == remote_data(PART, seed=i)
+    assert not [p for p in tmp_path.rglob("*") if ".ferrio-" in p.name]
+
+
+def test_cli_cp_recursive_json(s3: Any, tmp_path: Path) -> None:
+    src = tmp_path / "tree"
+    files = _tree(src)
+    url = f"s3://{s3.ferrio_bucket}/cli-tree/"
+    out = subprocess.run(
+        _cli("cp", "-r", str(src), url, "--json"),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["files"] == len(files)
+    down = tmp_path / "down"
+    out = subprocess.run(
+        _cli("cp", "-r", url, str(down), "--json"),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["files"] == len(files)
+    assert _files(down) == files
+    missing = f"s3://{s3.ferrio_bucket}/no-such-prefix/"
+    out = subprocess.run(
+        _cli("cp", "-r", missing, str(tmp_path / "none")),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+    )
+    assert out.returncode == 2
+    assert "no-such-prefix" in out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU memory (runs on the GPU machine only)
+# ---------------------------------------------------------------------------------------------
+
+
+def _cupy() -> Any:
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no GPU")
+    except Exception as e:
+        pytest.skip(f"no usable GPU: {e}")
+    return cp
+
+
+def test_upload_from_cupy_array(s3: Any) -> None:
+    cp = _cupy()
+    data = remote_data(3 * PART + 4099, seed=30)
+    key = "gpu/cupy.bin"
+    url = f"s3://{s3.ferrio_bucket}/{key}"
+    src = cp.asarray(np.frombuffer(data, dtype=np.uint8))
+    cp.cuda.runtime.deviceSynchronize()
+
+    def upload() -> None:
+        with ferrio.open_url(url, "w", range_size="5MiB", concurrency=2) as w:
+            # Host and GPU writes mix; the GPU write starts inside a part and spans several.
+            assert w.write(data[:1000]) == 1000
+            assert w.write(src[1000 : 2 * PART]) == 2 * PART - 1000
+            assert w.write(src[2 * PART :]) == len(data) - 2 * PART
+            assert w.tell() == len(data)
+            assert _get(s3, key) is None
+
+    in_thread(upload)
+    assert _get(s3, key) == data
+    assert _uploads(s3) == []
+
+
+def test_upload_from_torch_cuda_tensor_and_abort(s3: Any) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU for torch")
+    data = remote_data(PART + 17, seed=31)
+    url = f"s3://{s3.ferrio_bucket}/gpu/torch.bin"
+    src = torch.frombuffer(bytearray(data), dtype=torch.uint8).cuda()
+    torch.cuda.synchronize()
+    in_thread(lambda: _write_all(url, src))
+    assert _get(s3, "gpu/torch.bin") == data
+    # An exception after a GPU write still aborts: no object, no parts.
+
+    def aborted() -> None:
+        with ferrio.open_url(url + ".aborted", "w", range_size="5MiB") as w:
+            w.write(src)
+            raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError):
+        in_thread(aborted)
+    assert _get(s3, "gpu/torch.bin.aborted") is None
+    assert _uploads(s3) == []
+
+
+def _write_all(url: str, buf: Any) -> None:
+    with ferrio.open_url(url, "w", range_size="5MiB") as w:
+        w.write(buf)
 
 
 def _cli(*args: str) -> list[str]:

@@ -35,8 +35,12 @@ URLs (s3://, gs://, az://; http(s):// as a source only) may stand for a SRC or D
   - URL FILE (or URL DIR/) downloads with parallel ranged GETs into a temporary file renamed
     into place when complete.
   - URL URL copies inside the store when both are in one bucket, else streams the bytes.
-  - A DST URL ending in / is a prefix: the copy is named after SRC. Directories and prefixes as
-    sources are not supported yet.
+  - A DST URL ending in / is a prefix: the copy is named after SRC.
+  - -r DIR URL uploads every regular file under DIR as URL/relative/path (symlinks to files
+    are followed; to directories only with -L). With several SRC each goes under URL/NAME/.
+  - -r URL DIR downloads every object under the prefix URL, making directories: into DIR
+    itself when DIR does not exist, into DIR/NAME when it does (as cp -r). A prefix with no
+    objects is an error; a key with an empty, . or .. component refuses the whole copy.
 
 Exit status: 0 all copied, 2 bad usage or missing source (nothing copied), 1 some file failed
 (one line each on stderr; the others are copied), 130 Ctrl-C (no partial file is left).";

@@ -381,18 +381,24 @@ impl<T: Send> Blocking for WriterCall<'_, T> {
 
 #[pymethods]
 impl RemoteWriter {
-    /// Appends the bytes of `buf` (any C-contiguous host buffer) to the object and returns how
-    /// many were taken (all of them). Blocks while `remote_concurrency` parts are in flight.
-    /// GPU arrays are refused: copy them to host memory first.
+    /// Appends the bytes of `buf` (any C-contiguous host buffer, or a GPU array:
+    /// `__cuda_array_interface__` or DLPack) to the object and returns how many were taken (all
+    /// of them). Blocks while `remote_concurrency` parts are in flight. A GPU array is copied to
+    /// the host a bounce buffer at a time, straight into the parts being filled.
     fn write(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<usize> {
         let host = match buffer::target(buf, Direction::Write, None)? {
             Target::Host(host) => host,
-            Target::Device(_) => {
-                return Err(PyValueError::new_err(format!(
-                    "writes to remote objects take host memory; copy the GPU array to the host \
-                     first (e.g. cupy.asnumpy): {}",
-                    self.url
-                )))
+            Target::Device(dev) => {
+                let (ptr, len) = (ferrio::cuda::DevicePtr(dev.ptr), dev.len);
+                // Device copies and uploads both wait: always off the calling thread.
+                let n = self.run_writer(py, true, move |w| {
+                    // SAFETY: `ptr..ptr+len` lies in a C-contiguous GPU array checked by
+                    // `buffer::target`, whose owner (`dev.owner`) is held until this call has
+                    // returned; the writer copies the bytes out before returning.
+                    unsafe { w.write_device(ptr, len) }
+                });
+                drop(dev.owner);
+                return n;
             }
         };
         let (ptr, len) = (SendConst(host.ptr()), host.len());

@@ -84,7 +84,11 @@ use walk::{Entry, Kind};
 /// as a source only): a file is uploaded by multipart upload, completed only when the whole file
 /// is sent; an object is downloaded into a temporary file renamed into place; an object is copied
 /// inside its store when source and destination share a bucket. A `dest` URL ending in `/` is a
-/// prefix the copies go under by name. Directories and prefixes as sources are refused for now.
+/// prefix the copies go under by name. With [`CopyOptions::recursive`] a directory is uploaded
+/// file by file under a destination prefix (`prefix/relative/path`) and a prefix is downloaded
+/// object by object into a directory (made as needed; an existing directory gets the tree by
+/// name, as `cp -r` does); a prefix with no objects is a not-found error naming the URL, and a
+/// key that would land outside the directory (`..`, an empty component) refuses the copy.
 ///
 /// Errors before anything is copied (a missing source, a bad destination) are returned as
 /// `Err`; errors of single files are listed in the report and the copy goes on.

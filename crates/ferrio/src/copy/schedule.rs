@@ -13,7 +13,7 @@ use super::{Copier, CopyMethod};
 
 /// Files copied at once by default: a small file's copy is mostly metadata calls, which overlap,
 /// so more files at once than devices pays (measured: see benchmarks/RESULTS.md).
-const DEFAULT_PARALLEL_FILES: usize = 8;
+pub(super) const DEFAULT_PARALLEL_FILES: usize = 8;
 
 /// Files copied at once by default when every file stays within its file system
 /// (`copy_file_range`, which holds no buffers): more streams keep the disk's queue fuller than
@@ -71,12 +71,12 @@ impl Copier<'_> {
 
 /// Hands out files to copy threads: the next file comes from the device pair with the fewest
 /// files under way, so that one device's many files do not keep the others idle.
-struct Scheduler {
+pub(super) struct Scheduler {
     groups: Mutex<Vec<(VecDeque<usize>, usize)>>,
 }
 
 impl Scheduler {
-    fn new(queues: Vec<VecDeque<usize>>) -> Scheduler {
+    pub(super) fn new(queues: Vec<VecDeque<usize>>) -> Scheduler {
         Scheduler {
             groups: Mutex::new(queues.into_iter().map(|q| (q, 0)).collect()),
         }
@@ -88,7 +88,7 @@ impl Scheduler {
     }
 
     /// `(group, entry)` to copy next, or `None` when all have been handed out.
-    fn next(&self) -> Option<(usize, usize)> {
+    pub(super) fn next(&self) -> Option<(usize, usize)> {
         let mut groups = self.lock();
         let g = (0..groups.len())
             .filter(|&g| !groups[g].0.is_empty())
@@ -98,7 +98,7 @@ impl Scheduler {
         Some((g, i))
     }
 
-    fn done(&self, g: usize) {
+    pub(super) fn done(&self, g: usize) {
         let mut groups = self.lock();
         if let Some(group) = groups.get_mut(g) {
             group.1 = group.1.saturating_sub(1);

@@ -4,15 +4,22 @@
 //! renamed into place when complete), and an object copied to another (inside the store when
 //! both are in one bucket, else streamed through memory).
 //!
-//! Files only: a directory source or a prefix is refused for now. It owns the plan of such a
-//! copy and the loop over its files; the bytes move through [`crate::File`],
-//! [`crate::RemoteFile`] and [`crate::RemoteWriter`].
+//! With `recursive`, a local directory is walked and each regular file under it uploaded as
+//! `prefix/relative/path`, and a prefix is listed and each object under it downloaded as
+//! `DIR/relative/path` (directories made as needed; a key that is not a safe relative path
+//! refuses the whole copy before anything is written). Where a tree goes follows `cp -r`:
+//! into an existing local directory by the tree's name, else as the destination itself; a
+//! prefix has no existence of its own, so a tree lands under it (`tree_root`). Several files
+//! are copied at once, handed out by the copy's own [`Scheduler`].
+//!
+//! It owns the plan of such a copy and the loop over its files; the bytes move through
+//! [`crate::File`], [`crate::RemoteFile`] and [`crate::RemoteWriter`].
 
 use std::fs;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::Settings;
@@ -21,6 +28,7 @@ use crate::remote::{self, is_remote_url, RemoteFile, RemoteWriter};
 use crate::sys;
 
 use super::options::{CopyError, CopyOptions, CopyProgress, CopyReport};
+use super::schedule::{Scheduler, DEFAULT_PARALLEL_FILES};
 use super::temp::TempPath;
 
 /// Whether any of `paths` is a URL, which makes the copy one of this file's.
@@ -57,16 +65,23 @@ impl End {
     }
 }
 
-/// One file to copy, its source opened (so a missing source fails before anything is copied).
+/// One file to copy.
 struct Job {
     src: Source,
     dst: End,
     len: u64,
+    /// Whether the destination's parent directories are made first: a file of a tree.
+    make_parents: bool,
 }
 
+/// Where a job's bytes come from: a file the caller named, opened while the copy is planned (so
+/// a missing one fails before anything is copied), or one found by a walk or a listing, opened
+/// by the thread that copies it (a tree may hold more files than may be open at once).
 enum Source {
     Local(crate::File),
     Remote(RemoteFile),
+    LocalPath(PathBuf),
+    Object(String),
 }
 
 impl Source {
@@ -74,24 +89,178 @@ impl Source {
         match self {
             Source::Local(f) => f.path().to_path_buf(),
             Source::Remote(f) => PathBuf::from(f.url()),
+            Source::LocalPath(p) => p.clone(),
+            Source::Object(u) => PathBuf::from(u),
+        }
+    }
+
+    fn is_local(&self) -> bool {
+        matches!(self, Source::Local(_) | Source::LocalPath(_))
+    }
+}
+
+/// The last name of a path or a URL's key (or prefix): what a copy into a directory or prefix
+/// is called.
+fn base_name(src: &End) -> Result<String> {
+    let name = match src {
+        End::Local(p) => p.file_name().and_then(|n| n.to_str()).map(str::to_string),
+        End::Url(u) => u
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .map(str::to_string),
+    };
+    name.filter(|n| remote::is_plain_name(n)).ok_or_else(|| {
+        Error::InvalidArgument(format!("{}: no file name to copy to", src.name().display()))
+    })
+}
+
+/// Where the files of a tree (a directory or a prefix) go, as `cp -r` places a directory: into
+/// an existing local directory by the tree's name, else as the destination itself. A prefix has
+/// no existence of its own, so a tree copied to a URL lands under it as a new directory would
+/// (`aws s3 cp --recursive`); with several sources each goes under the prefix by name.
+fn tree_root(src: &End, dest: &End, many: bool) -> Result<End> {
+    match dest {
+        End::Url(u) if many => {
+            if !u.ends_with('/') {
+                return Err(Error::InvalidArgument(format!(
+                    "copying several sources needs a destination prefix ending in '/', not {u}"
+                )));
+            }
+            Ok(End::Url(format!(
+                "{u}{}/",
+                remote::encode_key_part(&base_name(src)?)
+            )))
+        }
+        End::Url(u) => Ok(End::Url(remote::as_prefix(u))),
+        End::Local(p) if p.is_dir() => Ok(End::Local(p.join(base_name(src)?))),
+        End::Local(p) if many => Err(Error::InvalidArgument(format!(
+            "copying several sources needs a destination directory, not {}",
+            p.display()
+        ))),
+        End::Local(p) if fs::symlink_metadata(p).is_ok() => Err(Error::InvalidArgument(format!(
+            "cannot overwrite {}, which is not a directory, with the tree {}",
+            p.display(),
+            src.name().display()
+        ))),
+        End::Local(p) => Ok(End::Local(p.clone())),
+    }
+}
+
+/// `root` with the relative path `parts` (plain names) appended.
+fn under(root: &End, parts: &[String]) -> End {
+    match root {
+        End::Local(p) => End::Local(parts.iter().fold(p.clone(), |p, part| p.join(part))),
+        End::Url(u) => {
+            let encoded: Vec<String> = parts.iter().map(|p| remote::encode_key_part(p)).collect();
+            End::Url(format!("{u}{}", encoded.join("/")))
         }
     }
 }
 
-fn unsupported_recursive() -> Error {
-    Error::InvalidArgument("recursive copy with URLs is not supported yet".into())
+fn not_found(url: &str, why: &str) -> Error {
+    Error::Open {
+        path: url.into(),
+        mode: "r".into(),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, why.to_string()),
+    }
 }
 
-/// The last name of a path or a URL's key: what a copy into a directory or prefix is called.
-fn base_name(src: &End) -> Result<String> {
-    let name = match src {
-        End::Local(p) => p.file_name().and_then(|n| n.to_str()).map(str::to_string),
-        End::Url(u) => u.rsplit('/').next().map(str::to_string),
+/// What a walk of a local tree found: files to upload, and entries that cannot be (each an
+/// error in the report).
+#[derive(Default)]
+struct Walked {
+    files: Vec<(PathBuf, Vec<String>, u64)>,
+    refused: Vec<(PathBuf, Error)>,
+}
+
+/// Walks the directory `dir` (whose path under the tree's root is `rel`) for the regular files
+/// to upload. Symlinks to files are followed (an object holds bytes, not links); symlinks to
+/// directories only when `follow` is set, and never into a directory being walked.
+fn walk_local(
+    dir: &Path,
+    rel: &mut Vec<String>,
+    follow: bool,
+    ancestors: &mut Vec<(u64, u64)>,
+    out: &mut Walked,
+) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let fs_err = |action, path: &Path, source| Error::Fs {
+        action,
+        path: path.to_path_buf(),
+        source,
     };
-    name.filter(|n| !n.is_empty() && n != "." && n != "..")
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!("{}: no file name to copy to", src.name().display()))
-        })
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| fs_err("list", dir, e))? {
+        let entry = entry.map_err(|e| fs_err("list", dir, e))?;
+        names.push(entry.file_name());
+    }
+    names.sort();
+    for name in names {
+        let path = dir.join(&name);
+        let Some(part) = name.to_str().map(str::to_string) else {
+            let why = format!(
+                "{}: the name is not UTF-8, so it cannot be an object key",
+                path.display()
+            );
+            out.refused.push((path, Error::InvalidArgument(why)));
+            continue;
+        };
+        let meta = match fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) => {
+                out.refused.push((path.clone(), fs_err("copy", &path, e)));
+                continue;
+            }
+        };
+        let meta = if meta.file_type().is_symlink() {
+            match fs::metadata(&path) {
+                Ok(m) if m.is_dir() && !follow => {
+                    let why = format!(
+                        "{} is a symlink to a directory: follow it with -L (--dereference)",
+                        path.display()
+                    );
+                    out.refused.push((path, Error::InvalidArgument(why)));
+                    continue;
+                }
+                Ok(m) => m,
+                Err(e) => {
+                    out.refused
+                        .push((path.clone(), fs_err("follow the symlink", &path, e)));
+                    continue;
+                }
+            }
+        } else {
+            meta
+        };
+        rel.push(part);
+        if meta.is_dir() {
+            let id = (meta.dev(), meta.ino());
+            if ancestors.contains(&id) {
+                let why = format!(
+                    "{} leads back into a directory being copied",
+                    path.display()
+                );
+                out.refused.push((path, Error::InvalidArgument(why)));
+            } else {
+                ancestors.push(id);
+                if let Err(e) = walk_local(&path, rel, follow, ancestors, out) {
+                    out.refused.push((path, e));
+                }
+                ancestors.pop();
+            }
+        } else if meta.is_file() {
+            out.files.push((path, rel.clone(), meta.len()));
+        } else {
+            let why = format!(
+                "{} is not a regular file (object storage holds files only)",
+                path.display()
+            );
+            out.refused.push((path, Error::InvalidArgument(why)));
+        }
+        rel.pop();
+    }
+    Ok(())
 }
 
 /// Copies `sources` to `dest` where one of them is a URL: see the [module docs](self).
@@ -102,25 +271,90 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
     let dest_end = End::of(dest);
     let many = sources.len() > 1;
     let mut jobs = Vec::new();
+    let mut report = CopyReport::default();
     for src in sources {
         let src = End::of(src);
         let (opened, len) = match &src {
             End::Url(u) => {
-                if u.ends_with('/') {
-                    return Err(unsupported_recursive());
+                if options.recursive && remote::can_list(u) {
+                    let listed = remote::list_prefix(u, &settings)?;
+                    if !listed.is_empty() {
+                        let root = tree_root(&src, &dest_end, many)?;
+                        for o in listed {
+                            let parts: Vec<String> =
+                                o.relative.split('/').map(str::to_string).collect();
+                            jobs.push(Job {
+                                src: Source::Object(o.url),
+                                dst: under(&root, &parts),
+                                len: o.size,
+                                make_parents: true,
+                            });
+                        }
+                        continue;
+                    }
+                    if u.ends_with('/') {
+                        return Err(not_found(u, "no objects under this prefix"));
+                    }
+                    // No keys under `u/`: `u` may name one object, copied as a file.
+                } else if u.ends_with('/') && options.recursive {
+                    return Err(Error::InvalidArgument(format!(
+                        "{u}: http(s) servers cannot be listed; copy their objects one by one"
+                    )));
+                } else if u.ends_with('/') {
+                    return Err(Error::InvalidArgument(format!(
+                        "{u} is a prefix: copy it with recursive (-r)"
+                    )));
                 }
                 let f = RemoteFile::open_with(u, settings.clone())?;
                 let len = f.len();
                 (Source::Remote(f), len)
             }
             End::Local(p) => {
-                let meta = fs::metadata(p).map_err(|source| Error::Fs {
-                    action: "copy",
+                let meta = fs::metadata(p).map_err(|source| Error::Open {
                     path: p.clone(),
+                    mode: "r".into(),
                     source,
                 })?;
                 if meta.is_dir() {
-                    return Err(unsupported_recursive());
+                    if !options.recursive {
+                        return Err(Error::InvalidArgument(format!(
+                            "{} is a directory: copy it with recursive (-r)",
+                            p.display()
+                        )));
+                    }
+                    let root = tree_root(&src, &dest_end, many)?;
+                    if matches!(root, End::Local(_)) {
+                        return Err(mixed());
+                    }
+                    let mut walked = Walked::default();
+                    {
+                        use std::os::unix::fs::MetadataExt;
+                        let mut ancestors = vec![(meta.dev(), meta.ino())];
+                        walk_local(
+                            p,
+                            &mut Vec::new(),
+                            options.follow_symlinks,
+                            &mut ancestors,
+                            &mut walked,
+                        )?;
+                    }
+                    for (path, parts, len) in walked.files {
+                        jobs.push(Job {
+                            src: Source::LocalPath(path),
+                            dst: under(&root, &parts),
+                            len,
+                            make_parents: false,
+                        });
+                    }
+                    for (path, error) in walked.refused {
+                        progress.errors.fetch_add(1, Ordering::Relaxed);
+                        report.errors.push(CopyError {
+                            dest: root.name(),
+                            path,
+                            error,
+                        });
+                    }
+                    continue;
                 }
                 let f = crate::File::options()
                     .settings(settings.clone())
@@ -129,7 +363,9 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
             }
         };
         let dst = match &dest_end {
-            End::Url(u) if u.ends_with('/') => End::Url(format!("{u}{}", base_name(&src)?)),
+            End::Url(u) if u.ends_with('/') => {
+                End::Url(format!("{u}{}", remote::encode_key_part(&base_name(&src)?)))
+            }
             End::Url(u) if many => {
                 return Err(Error::InvalidArgument(format!(
                     "copying several sources needs a destination prefix ending in '/', not {u}"
@@ -145,16 +381,14 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
             }
             End::Local(p) => End::Local(p.clone()),
         };
-        if let (Source::Local(_), End::Local(_)) = (&opened, &dst) {
-            // Only reachable with local sources and a local destination mixed with URLs.
-            return Err(Error::InvalidArgument(
-                "mix local-to-local and URL copies in separate commands".into(),
-            ));
+        if opened.is_local() && matches!(dst, End::Local(_)) {
+            return Err(mixed());
         }
         jobs.push(Job {
             src: opened,
             dst,
             len,
+            make_parents: false,
         });
     }
     progress
@@ -164,58 +398,134 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
         .bytes_total
         .store(jobs.iter().map(|j| j.len).sum(), Ordering::Relaxed);
 
-    let mut report = CopyReport::default();
-    for job in &jobs {
-        if progress.is_cancelled() {
-            break;
-        }
-        let dst = job.dst.name();
-        match copy_one(job, &settings, &progress) {
-            Ok(()) => {
-                report.files += 1;
-                report.bytes += job.len;
-            }
-            Err(Error::Cancelled) => {}
-            Err(error) => {
-                progress.errors.fetch_add(1, Ordering::Relaxed);
-                report.errors.push(CopyError {
-                    path: job.src.name(),
-                    dest: dst,
-                    error,
-                });
-            }
-        }
-        progress.files_done.fetch_add(1, Ordering::Relaxed);
+    let threads = if options.parallel_files > 0 {
+        options.parallel_files
+    } else {
+        DEFAULT_PARALLEL_FILES
     }
+    .min(jobs.len())
+    .max(1);
+    let plan = Plan::new(&settings, threads);
+    let report = Mutex::new(report);
+    let sched = Scheduler::new(vec![(0..jobs.len()).collect()]);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                while let Some((g, i)) = sched.next() {
+                    if !progress.is_cancelled() {
+                        run_job(&jobs[i], &plan, &progress, &report);
+                    }
+                    sched.done(g);
+                }
+            });
+        }
+    });
+    // Counters and a list only: a poisoned lock is consistent.
+    let mut report = report.into_inner().unwrap_or_else(|p| p.into_inner());
     report.cancelled = progress.is_cancelled();
     report.seconds = t0.elapsed().as_secs_f64();
     Ok(report)
 }
 
-fn copy_one(job: &Job, settings: &Settings, progress: &Arc<CopyProgress>) -> Result<()> {
-    match (&job.src, &job.dst) {
+fn mixed() -> Error {
+    // Only reachable with local sources and a local destination mixed with URLs.
+    Error::InvalidArgument("mix local-to-local and URL copies in separate commands".into())
+}
+
+/// What every file of a copy shares: the settings, and how much memory one file may hold while
+/// several are copied at once.
+struct Plan {
+    settings: Settings,
+    /// Settings for uploads: the parts in flight divided among the files copied at once, so
+    /// that the memory held stays that of one file's upload.
+    writer_settings: Settings,
+    /// Bytes a download asks for at once: the window divided among the files (the GETs in
+    /// flight are capped per store anyway).
+    window: usize,
+}
+
+impl Plan {
+    fn new(settings: &Settings, files_at_once: usize) -> Plan {
+        let mut writer_settings = settings.clone();
+        writer_settings.remote_concurrency = (settings.remote_concurrency / files_at_once).max(1);
+        let range = usize::try_from(settings.remote_range_size.max(1)).unwrap_or(usize::MAX);
+        Plan {
+            settings: settings.clone(),
+            writer_settings,
+            window: (download_window(settings) / files_at_once).max(range),
+        }
+    }
+}
+
+fn run_job(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>, report: &Mutex<CopyReport>) {
+    let outcome = copy_one(job, plan, progress);
+    let mut report = report.lock().unwrap_or_else(|p| p.into_inner());
+    match outcome {
+        Ok(()) => {
+            report.files += 1;
+            report.bytes += job.len;
+        }
+        Err(Error::Cancelled) => {}
+        Err(error) => {
+            progress.errors.fetch_add(1, Ordering::Relaxed);
+            report.errors.push(CopyError {
+                path: job.src.name(),
+                dest: job.dst.name(),
+                error,
+            });
+        }
+    }
+    progress.files_done.fetch_add(1, Ordering::Relaxed);
+}
+
+fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<()> {
+    let settings = &plan.settings;
+    let opened;
+    let src = match &job.src {
+        Source::LocalPath(p) => {
+            opened = Source::Local(
+                crate::File::options()
+                    .settings(settings.clone())
+                    .open(p, "r")?,
+            );
+            &opened
+        }
+        Source::Object(u) => {
+            opened = Source::Remote(RemoteFile::open_with(u, settings.clone())?);
+            &opened
+        }
+        other => other,
+    };
+    if let (true, End::Local(dst)) = (job.make_parents, &job.dst) {
+        if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::create_dir_all(parent).map_err(|source| Error::Fs {
+                action: "make the directory",
+                path: parent.to_path_buf(),
+                source,
+            })?;
+        }
+    }
+    match (src, &job.dst) {
         (Source::Local(src), End::Url(dst)) => {
-            let mut writer = new_writer(dst, settings, progress)?;
+            let mut writer = new_writer(dst, &plan.writer_settings, progress)?;
             let window = writer.part_size();
             pump(job.len, window, &mut writer, progress, |buf, offset| {
                 src.read_at(buf, offset)
             })
         }
-        (Source::Remote(src), End::Local(dst)) => download(src, dst, settings, progress),
+        (Source::Remote(src), End::Local(dst)) => download(src, dst, plan.window, progress),
         (Source::Remote(src), End::Url(dst)) => {
             if remote::copy_in_store(src.url(), dst)? {
-                progress.add_bytes(job.len);
+                progress.add_bytes(src.len());
                 return Ok(());
             }
-            let mut writer = new_writer(dst, settings, progress)?;
-            let window = download_window(settings).max(writer.part_size());
-            pump(job.len, window, &mut writer, progress, |buf, offset| {
+            let mut writer = new_writer(dst, &plan.writer_settings, progress)?;
+            let window = plan.window.max(writer.part_size());
+            pump(src.len(), window, &mut writer, progress, |buf, offset| {
                 read_remote(src, buf, offset, progress)
             })
         }
-        (Source::Local(_), End::Local(_)) => Err(Error::InvalidArgument(
-            "local-to-local copies do not go through the URL copier".into(),
-        )),
+        _ => Err(mixed()),
     }
 }
 
@@ -306,12 +616,7 @@ fn read_remote(
 
 /// Downloads `src` into a temporary file next to `dst`, renamed over it when complete; removed
 /// on an error or a cancel.
-fn download(
-    src: &RemoteFile,
-    dst: &Path,
-    settings: &Settings,
-    progress: &CopyProgress,
-) -> Result<()> {
+fn download(src: &RemoteFile, dst: &Path, window: usize, progress: &CopyProgress) -> Result<()> {
     let mut created = None;
     let temp = TempPath::create(dst, |p| {
         let f = fs::OpenOptions::new()
@@ -328,7 +633,7 @@ fn download(
         source: std::io::Error::other("no file handle"),
     })?;
     let len = src.len();
-    let mut buf = vec![0u8; download_window(settings).min(len as usize).max(1)];
+    let mut buf = vec![0u8; window.min(len as usize).max(1)];
     let mut offset = 0u64;
     while offset < len {
         let want = buf.len().min((len - offset) as usize);

@@ -16,6 +16,7 @@
 //! knows store kinds and their configuration.
 
 mod fetch;
+mod list;
 mod runtime;
 mod store;
 mod write;
@@ -36,6 +37,8 @@ use crate::error::{Error, Result};
 use crate::plan::{self, Task};
 use crate::pool::{Completion, IoFuture};
 
+pub(crate) use list::{as_prefix, can_list, encode_key_part, is_plain_name};
+pub use list::{list_prefix, ListedObject};
 pub use store::is_remote_url;
 pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MIN_PART_SIZE};
 
@@ -347,11 +350,16 @@ impl RemoteFile {
         let ranges = plan::split(offset, n, settings.remote_range_size, 1);
         let ahead = settings.remote_concurrency.max(1);
         // The GETs in flight are the read-ahead; the channel only hands finished ranges over,
-        // so host memory stays near `ahead` ranges.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>>>(2);
+        // so host memory stays near `ahead` ranges, in buffers that go round (`Pieces`).
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(Vec<u8>, usize)>>(2);
+        let range_len = usize::try_from(settings.remote_range_size)
+            .unwrap_or(usize::MAX)
+            .min(n);
+        let pieces = Arc::new(Pieces::new(range_len));
         let producer = {
             let pinned = pinned.clone();
             let spawner = handle.clone();
+            let pieces = pieces.clone();
             async move {
                 // Each GET is a task of its own, so that the runtime's threads share the work of
                 // receiving the bodies (polled inside this one future, they all ran on one
@@ -361,18 +369,25 @@ impl RemoteFile {
                     .map(|r| {
                         let pinned = pinned.clone();
                         let in_flight = in_flight.clone();
+                        let pieces = pieces.clone();
                         runtime::AbortOnDrop(spawner.spawn(async move {
                             // The store's cap holds here too: GPU and host reads share it.
                             let _permit = in_flight.acquire_owned().await;
-                            let mut piece = vec![0u8; r.len];
-                            pinned
+                            let mut piece = pieces.take(r.len);
+                            let fetched = pinned
                                 .fetch_into(
                                     r.offset..r.offset + r.len as u64,
-                                    &mut piece,
+                                    &mut piece[..r.len],
                                     &count_read,
                                 )
-                                .await
-                                .map(|()| piece)
+                                .await;
+                            match fetched {
+                                Ok(()) => Ok((piece, r.len)),
+                                Err(e) => {
+                                    pieces.give(piece);
+                                    Err(e)
+                                }
+                            }
                         }))
                     })
                     .buffered(ahead);
@@ -390,8 +405,9 @@ impl RemoteFile {
         }));
         let done = completion.clone();
         handle.spawn_blocking(move || {
-            // The range being copied out, and how much of it has been.
+            // The range being copied out, its length, and how much of it has been.
             let mut current: Vec<u8> = Vec::new();
+            let mut current_len = 0usize;
             let mut used = 0usize;
             let mut fill = |buf: &mut [u8], _off: u64| -> Result<usize> {
                 let mut filled = 0;
@@ -399,16 +415,18 @@ impl RemoteFile {
                     if done.is_cancelled() {
                         return Err(Error::Cancelled);
                     }
-                    if used == current.len() {
+                    if used == current_len {
+                        // Copied out: its buffer goes back for a GET to come.
+                        pieces.give(std::mem::take(&mut current));
                         match rx.blocking_recv() {
-                            Some(Ok(next)) => (current, used) = (next, 0),
+                            Some(Ok((next, len))) => (current, current_len, used) = (next, len, 0),
                             Some(Err(e)) => return Err(e),
                             // The GETs stopped: a cancel, or the object's end.
                             None if done.is_cancelled() => return Err(Error::Cancelled),
                             None => break,
                         }
                     }
-                    let take = (current.len() - used).min(buf.len() - filled);
+                    let take = (current_len - used).min(buf.len() - filled);
                     buf[filled..filled + take].copy_from_slice(&current[used..used + take]);
                     used += take;
                     filled += take;
@@ -430,6 +448,46 @@ impl RemoteFile {
     }
 }
 
+/// The host buffers of one GPU read's ranges. A range's bytes land in a buffer taken here and
+/// wait there until the bounce ring has copied them out; the buffer then comes back for a later
+/// range, so a large read goes round the few buffers its read-ahead needs (GETs in flight, the
+/// hand-over channel, the one being copied out) instead of faulting in fresh zeroed pages for
+/// every range.
+struct Pieces {
+    free: Mutex<Vec<Vec<u8>>>,
+    /// Bytes of every buffer: the range size (or the whole read, when smaller).
+    size: usize,
+}
+
+impl Pieces {
+    fn new(size: usize) -> Pieces {
+        Pieces {
+            free: Mutex::new(Vec::new()),
+            size,
+        }
+    }
+
+    /// A buffer of at least `len` bytes: a returned one, or a new one.
+    fn take(&self, len: usize) -> Vec<u8> {
+        // Whole pushes and pops only: a poisoned list is consistent.
+        let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match reused {
+            Some(piece) if piece.len() >= len => piece,
+            _ => vec![0u8; self.size.max(len)],
+        }
+    }
+
+    /// Returns a buffer for reuse (an empty one, the consumer's start, is dropped).
+    fn give(&self, piece: Vec<u8>) {
+        if piece.len() >= self.size {
+            self.free
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(piece);
+        }
+    }
+}
+
 /// A pointer into the caller's memory, sent to the runtime task that fills its slice.
 #[derive(Clone, Copy)]
 struct SendPtr(*mut u8);
@@ -443,3 +501,28 @@ impl SendPtr {
 // SAFETY: each pointer addresses a slice that exactly one task writes, and the caller keeps the
 // memory valid and unaliased until the request's future resolves (`pread_raw`'s contract).
 unsafe impl Send for SendPtr {}
+
+#[cfg(test)]
+mod tests {
+    use super::Pieces;
+
+    #[test]
+    fn range_buffers_go_round() {
+        let pieces = Pieces::new(1000);
+        let a = pieces.take(1000);
+        let b = pieces.take(1000);
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        pieces.give(a);
+        pieces.give(b);
+        pieces.give(Vec::new());
+        // The last, shorter range reuses a full buffer too; no third buffer is made.
+        let c = pieces.take(10);
+        let d = pieces.take(1000);
+        assert_eq!(
+            [c.as_ptr(), d.as_ptr()].map(|p| p == pa || p == pb),
+            [true, true]
+        );
+        assert_ne!(c.as_ptr(), d.as_ptr());
+        assert_eq!((c.len(), d.len()), (1000, 1000));
+    }
+}

@@ -47,6 +47,16 @@ pub fn is_remote_url(s: &str) -> bool {
 /// Parses `url` into a store kind and a path; a malformed or unsupported URL is
 /// [`Error::InvalidArgument`] naming it.
 pub(crate) fn parse(url: &str) -> Result<Location> {
+    parse_any(url, false)
+}
+
+/// Parses `url` as a prefix of keys (`s3://bucket/dir/`, or a bucket's root `s3://bucket/`):
+/// as [`parse`], but the path may be empty.
+pub(crate) fn parse_prefix(url: &str) -> Result<Location> {
+    parse_any(url, true)
+}
+
+fn parse_any(url: &str, prefix: bool) -> Result<Location> {
     let bad = |why: String| Error::InvalidArgument(format!("bad object URL {url:?}: {why}"));
     let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
     let (scheme, path) = ObjectStoreScheme::parse(&parsed).map_err(|e| bad(e.to_string()))?;
@@ -69,7 +79,7 @@ pub(crate) fn parse(url: &str) -> Result<Location> {
     } else {
         path
     };
-    if path.as_ref().is_empty() {
+    if path.as_ref().is_empty() && !prefix {
         return Err(bad("no object key".into()));
     }
     Ok(Location {

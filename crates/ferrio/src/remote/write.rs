@@ -4,6 +4,11 @@
 //! aborts the upload (the store deletes the parts), so no partial object ever becomes visible.
 //! An object that fits in one part is sent with one plain `PUT` at close instead.
 //!
+//! GPU memory is appended through a pinned bounce ring of the writer's own
+//! ([`RemoteWriter::write_device`]): each device-to-host copy lands in a ring buffer and is
+//! appended to the part being filled, so the host memory held is the ring and the parts, never a
+//! host copy of the whole array.
+//!
 //! Also the server-side copy of an object within one store ([`copy_in_store`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +19,9 @@ use object_store::{MultipartUpload, ObjectStore, ObjectStoreScheme, PutPayload};
 use tokio::runtime::Handle;
 use tokio::task::JoinSet;
 
+use crate::bounce::{BounceRing, CopyEngine, CudaEngine, PinnedBudget};
 use crate::config::Settings;
+use crate::cuda::{self, DevicePtr, Memory};
 use crate::error::{Error, Op, Result};
 
 use super::{runtime, store};
@@ -67,7 +74,21 @@ pub struct RemoteWriter {
     /// The process that started the upload: its runtime's threads, connections and parts
     /// exist only there, so a forked child may neither continue nor abort it.
     owner: u32,
+    /// The bounce ring's sizes, for writes from GPU memory.
+    bounce_buffer_size: usize,
+    bounce_buffers: usize,
+    /// The ring that GPU memory is staged through, made by the first such write and freed when
+    /// the writer closes or aborts.
+    device_ring: Option<DeviceRing>,
 }
+
+/// A bounce ring owned by one writer.
+struct DeviceRing(BounceRing<CudaEngine>);
+
+// SAFETY: the ring's pinned buffers, stream and events are driver objects that any thread may
+// use; the ring is reached only through `&mut RemoteWriter`, so one thread uses it at a time,
+// and each call binds the ring's context on the calling thread first.
+unsafe impl Send for DeviceRing {}
 
 impl std::fmt::Debug for RemoteWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -131,6 +152,9 @@ impl RemoteWriter {
             cancelled: Arc::new(AtomicBool::new(false)),
             external_cancel: None,
             owner: crate::sys::process_id(),
+            bounce_buffer_size: usize::try_from(settings.bounce_buffer_size).unwrap_or(usize::MAX),
+            bounce_buffers: settings.bounce_buffers,
+            device_ring: None,
         })
     }
 
@@ -189,6 +213,8 @@ impl RemoteWriter {
     /// threads here, so even dropping them could wait forever.
     fn forget(&mut self) {
         self.state = State::Aborted;
+        // The ring's pinned memory and stream belong to the parent's CUDA context.
+        std::mem::forget(self.device_ring.take());
         self.pending = Vec::new();
         std::mem::forget(std::mem::take(&mut self.parts));
         std::mem::forget(self.upload.take());
@@ -237,6 +263,72 @@ impl RemoteWriter {
             }
         }
         Ok(buf.len())
+    }
+
+    /// Appends `len` bytes of GPU memory at `src` to the object; returns `len`. The bytes are
+    /// copied to the host through the writer's pinned bounce ring ([`Settings::bounce_buffers`]
+    /// buffers of [`Settings::bounce_buffer_size`], made by the first such write) one buffer at
+    /// a time, each appended to the part being filled, so no host copy of the whole range is
+    /// made; parts go up as in [`RemoteWriter::write`]. Copies run on the ring's own stream:
+    /// work on other streams that writes the memory must have finished.
+    ///
+    /// # Errors
+    /// [`Error::CudaUnavailable`] without a driver; [`Error::InvalidArgument`] when `src` is not
+    /// device memory; otherwise as [`RemoteWriter::write`]. Any error aborts the upload.
+    ///
+    /// # Safety
+    /// `src..src+len` must be device (or managed) memory that stays allocated, and that nothing
+    /// writes, until this call returns.
+    pub unsafe fn write_device(&mut self, src: DevicePtr, len: usize) -> Result<usize> {
+        self.check_open()?;
+        if len == 0 {
+            return Ok(0);
+        }
+        cuda::available()?;
+        let context = match cuda::try_classify(src.0 as usize)? {
+            Memory::Device { context, .. } => context,
+            Memory::Host => {
+                return Err(Error::InvalidArgument(format!(
+                    "address {:#x} is not GPU memory (use write for host memory)",
+                    src.0
+                )))
+            }
+        };
+        if src.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument("device range wraps around".into()));
+        }
+        let mut ring = match self.device_ring.take() {
+            Some(ring) if ring.0.engine().context() == context && !ring.0.is_poisoned() => ring,
+            _ => DeviceRing(BounceRing::new(
+                CudaEngine::new(context)?,
+                self.bounce_buffer_size,
+                self.bounce_buffers,
+                PinnedBudget::global().clone(),
+            )?),
+        };
+        let appended = self.append_through(&mut ring.0, src, len);
+        self.device_ring = Some(ring);
+        appended
+    }
+
+    /// Appends device memory copied out through `ring`, buffer by buffer, to the parts.
+    fn append_through<E: CopyEngine>(
+        &mut self,
+        ring: &mut BounceRing<E>,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<usize> {
+        let offset = self.written;
+        let copied = ring.write_from_device(src, len, offset, &mut |chunk, at| {
+            if self.pending.capacity() == 0 {
+                // One allocation per part, of the size it will have: appends a bounce buffer at
+                // a time neither reallocate nor leave slack in the part.
+                let left = (len as u64 - (at - offset)) as usize;
+                self.pending.reserve_exact(self.part_size.min(left));
+            }
+            self.write(chunk).map(|_| ())
+        });
+        self.or_abort(copied)
     }
 
     /// Writes `buf` at `offset`, which must be where the object ends so far
@@ -322,6 +414,7 @@ impl RemoteWriter {
         let done = self.complete();
         self.or_abort(done)?;
         self.state = State::Closed;
+        self.device_ring = None;
         Ok(self.written)
     }
 
@@ -373,6 +466,7 @@ impl RemoteWriter {
         }
         self.state = State::Aborted;
         self.pending = Vec::new();
+        self.device_ring = None;
         let mut parts = std::mem::take(&mut self.parts);
         let Some(mut upload) = self.upload.take() else {
             return Ok(());
@@ -467,6 +561,9 @@ mod tests {
             cancelled: Arc::new(AtomicBool::new(false)),
             external_cancel: None,
             owner: crate::sys::process_id(),
+            bounce_buffer_size: 4096,
+            bounce_buffers: 2,
+            device_ring: None,
         }
     }
 
@@ -529,6 +626,53 @@ mod tests {
         w.pwrite(b"def", 3).unwrap();
         w.close().unwrap();
         assert_eq!(read(&store).as_deref(), Some(&b"abcdef"[..]));
+    }
+
+    #[test]
+    fn device_memory_goes_up_through_the_ring_buffer_by_buffer() {
+        use crate::bounce::emulated::EmulatedDevice;
+        const PART: usize = 10_000;
+        let dev = EmulatedDevice::new(std::time::Duration::ZERO);
+        let want = data(7 * PART + 123);
+        let src = dev.alloc_device(want.len()).unwrap();
+        dev.write_device(src, &want).unwrap();
+        let budget = Arc::new(PinnedBudget::new(1 << 20));
+        let mut ring = BounceRing::new(dev.clone(), 4096, 3, budget).unwrap();
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let mut w = writer(store.clone(), PART, 2);
+        // Host and device writes mix, and a device write starts in the middle of a part.
+        w.write(b"head").unwrap();
+        assert_eq!(
+            w.append_through(&mut ring, src, want.len()).unwrap(),
+            want.len()
+        );
+        assert_eq!(
+            dev.copies_issued(),
+            want.len().div_ceil(4096) as u64,
+            "one device-to-host copy per ring buffer"
+        );
+        assert_eq!(read(&store), None, "visible before close");
+        w.close().unwrap();
+        let mut expected = b"head".to_vec();
+        expected.extend_from_slice(&want);
+        assert_eq!(read(&store), Some(expected));
+        assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+    }
+
+    #[test]
+    fn device_copy_failing_mid_way_aborts_the_upload() {
+        use crate::bounce::emulated::EmulatedDevice;
+        let dev = EmulatedDevice::new(std::time::Duration::ZERO);
+        let src = dev.alloc_device(50_000).unwrap();
+        dev.write_device(src, &data(50_000)).unwrap();
+        let budget = Arc::new(PinnedBudget::new(1 << 20));
+        let mut ring = BounceRing::new(dev.clone(), 4096, 2, budget).unwrap();
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let mut w = writer(store.clone(), 5000, 2);
+        dev.fail_copy_run(6);
+        w.append_through(&mut ring, src, 50_000).unwrap_err();
+        assert!(matches!(w.close(), Err(Error::InvalidArgument(_))));
+        assert_eq!(read(&store), None);
     }
 
     #[test]

@@ -337,15 +337,37 @@ fn urls_that_cannot_take_a_copy_are_refused() {
         Some(Error::InvalidArgument(m)) if m.contains("read-only")
     ));
     assert!(RemoteWriter::create(&server.url).is_err());
-    // Directories with URLs: refused before anything is copied.
-    match ferrio::copy(
-        [dir.path()],
-        "s3://bucket/prefix/",
-        &CopyOptions::new().recursive(true),
-    ) {
-        Err(Error::InvalidArgument(m)) => assert!(m.contains("recursive copy with URLs"), "{m}"),
+    // A directory or a prefix needs recursive, as with cp.
+    match ferrio::copy([dir.path()], "s3://bucket/prefix/", &CopyOptions::new()) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("recursive (-r)"), "{m}"),
         other => panic!("{other:?}"),
     }
+    match ferrio::copy(["s3://bucket/prefix/"], dir.path(), &CopyOptions::new()) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("recursive (-r)"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // A tree to an http(s) URL: each file is refused as read-only, nothing is sent.
+    let report = ferrio::copy(
+        [dir.path()],
+        format!("{}/", server.url),
+        &CopyOptions::new().recursive(true),
+    )
+    .unwrap();
+    assert_eq!(report.files, 0);
+    assert!(matches!(
+        report.errors.first().map(|e| &e.error),
+        Some(Error::InvalidArgument(m)) if m.contains("read-only")
+    ));
+    // An http(s) "directory" cannot be listed.
+    match ferrio::copy(
+        [format!("{}/", server.url)],
+        dir.path().join("down"),
+        &CopyOptions::new().recursive(true),
+    ) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("cannot be listed"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!dir.path().join("down").exists());
 }
 
 #[test]
