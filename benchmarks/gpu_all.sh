@@ -18,9 +18,10 @@ STEPS=" ${*:-tests memory compare multidrive} "
 want() { [[ $STEPS == *" $1 "* ]]; }
 
 step install
-# .carry/tf (transformers and the parts of its stack the machine lacks) only where carried.
+# .carry/tf (transformers and the parts of its stack the machine lacks) and .carry/moto (moto's
+# S3 server and its stack, for the remote tests) only where carried.
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/wheels/*.whl .carry/peers/*.whl \
-  $(ls .carry/tf/*.whl 2>/dev/null) \
+  $(ls .carry/tf/*.whl .carry/moto/*.whl 2>/dev/null) \
   >"$LOGS/pip.log" 2>&1 || { tail "$LOGS/pip.log" | tee -a "$S"; }
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; free -g | head -2; df -h /root | tail -1; command -v fio || echo "no fio"; uname -r; } >>"$S" 2>&1
@@ -140,10 +141,12 @@ fi
 
 if want multigpu; then
 step multi-gpu
+for g in $(nvidia-smi --query-gpu=index --format=csv,noheader); do "$ROOT/.carry/bin/ferrio" info --gpu "$g" 2>&1 | tee -a "$S"; done
+"$ROOT/.carry/bin/ferrio" info --gpu 0 --json >>"$S" 2>&1
 # Issue 18: every GPU of the host fed at once (one process per GPU, and one process for all),
 # against the sum of each GPU's pinned host -> device rate, page cache warm.
 timeout "${MULTIGPU_TIMEOUT:-300}" python3 benchmarks/multi_gpu.py --size-gib "${MULTIGPU_GIB:-8}" \
-  --rounds "${MULTIGPU_ROUNDS:-3}" --json "$LOGS/multi_gpu.json" >"$LOGS/multi_gpu.log" 2>&1
+  --rounds "${MULTIGPU_ROUNDS:-3}" --variants "${MULTIGPU_VARIANTS:-}" --json "$LOGS/multi_gpu.json" >"$LOGS/multi_gpu.log" 2>&1
 tail -20 "$LOGS/multi_gpu.log" | tee -a "$S"
 fi
 
