@@ -143,11 +143,10 @@ class Group:
         """Return every rank's `payload` (all ranks send the same number of bytes)."""
         torch = self.torch
         mine = torch.tensor(list(payload), dtype=torch.uint8, device=self.control)
-        out = torch.empty(len(payload) * self.world, dtype=torch.uint8, device=self.control)
-        self.dist.all_gather_into_tensor(out, mine, group=self.pg)
-        raw = bytes(out.cpu().tolist())
-        n = len(payload)
-        return [raw[r * n : (r + 1) * n] for r in range(self.world)]
+        # A list of small tensors, which every backend gathers (gloo stages them anyway).
+        out = [torch.empty_like(mine) for _ in range(self.world)]
+        self.dist.all_gather(out, mine, group=self.pg)
+        return [bytes(t.cpu().tolist()) for t in out]
 
     def exchange(self, buf: Any, piece: int) -> None:
         """Fill every rank's `buf` (``world * piece`` bytes) from piece r of rank r, in place."""
