@@ -50,6 +50,8 @@ ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
     "PYTHONUNBUFFERED": "1",
 }
+# Ranks of one host meet on the loopback unless told otherwise.
+IFACES = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
 # One rank: argv = loader, rank, world, port, files...; prints one JSON line.
 CHILD = r"""
@@ -134,7 +136,7 @@ def free_port() -> int:
 def run_load(loader: str, world: int, files: list[str], timeout: float) -> dict:
     """Run one load on `world` ranks at once; return its time, or why it did not run."""
     port = str(free_port())
-    env = dict(os.environ, **ENV)
+    env = dict(IFACES, **os.environ) | ENV
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CHILD, loader, str(r), str(world), port, *files],

@@ -345,6 +345,8 @@ CHILD_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+# Ranks of one host meet on the loopback (a container's host name may not resolve).
+CHILD_IFACES = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
 # argv: rank, world, port, backend, device ("cpu" or "cuda"), this rank's checkpoint path;
 # prints one JSON line: whether the load equals safetensors.torch's, or the SafetensorError.
@@ -414,7 +416,7 @@ def torch_or_skip() -> Any:
 
 def run_real_ranks(backend: str, device: str, paths: list[str]) -> list[dict[str, Any]]:
     port = free_port()
-    env = dict(os.environ, **CHILD_ENV)
+    env = dict(CHILD_IFACES, **os.environ) | CHILD_ENV
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CHILD, str(r), str(len(paths)), str(port), backend, device, p],

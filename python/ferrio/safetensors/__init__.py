@@ -15,13 +15,17 @@ swapping the import is the whole migration. On top of that:
   with a ranged GET, the tensor bytes with ferrio's parallel ranged GETs (into host or GPU
   memory), every GET conditional on the version seen at open. A sharded checkpoint is named by
   its ``*.safetensors.index.json`` URL (shards resolve beside it) or a list of shard URLs; a
-  "directory" URL is refused, since an object store cannot be listed without extra rights.
+  "directory" URL is refused, since an object store cannot be listed without extra rights;
+- ``process_group=`` (a ``torch.distributed`` group): every rank gets the whole checkpoint while
+  each reads only its 1/W share from storage, the rest exchanged in place over the group (see
+  :class:`safe_open`).
 
 Ownership: a load allocates ONE ``uint8`` buffer per call for all the bytes it selects (plus at
-most 7 bytes per contiguous run, to keep each tensor at its file alignment), and every tensor
-returned is a view of it: the buffer lives while any tensor of that load lives, and freeing
-one tensor frees nothing until the last one is gone (copy with ``.clone()``/``.copy()`` to keep
-a few tensors of a big load). A tensor whose bytes are not aligned to its element size in the
+most 7 bytes per contiguous run, to keep each tensor at its file alignment, and with a process
+group at most W - 1 bytes to divide it among W ranks), and every tensor returned is a view of
+it: the buffer lives while any tensor of that load lives, and freeing one tensor frees nothing
+until the last one is gone (copy with ``.clone()``/``.copy()`` to keep a few tensors of a big
+load). A tensor whose bytes are not aligned to its element size in the
 file is the exception: it is copied into memory of its own. ``get_tensor`` and ``get_slice``
 return tensors with their own buffer. Nothing is ever overwritten: ``save_file`` writes under a
 temporary name in the target's directory and renames it into place only once every byte is
