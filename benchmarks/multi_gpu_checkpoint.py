@@ -192,7 +192,7 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help="also with the page cache dropped")
     ap.add_argument("--loaders", default=",".join(LOADERS))
     ap.add_argument("--gpus", type=int, default=0, help="ranks (default: every visible GPU)")
-    ap.add_argument("--timeout", type=float, default=240, help="seconds per load, all ranks")
+    ap.add_argument("--timeout", type=float, default=120, help="seconds per load, all ranks")
     ap.add_argument("--json", help="write every measurement here")
     a = ap.parse_args()
     world = a.gpus or gpu_count()
