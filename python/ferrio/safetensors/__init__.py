@@ -363,8 +363,9 @@ class safe_open:  # the name of safetensors' class
     ``all_gather_into_tensor`` for GPU tensors (an NCCL group, on the current CUDA stream) or one
     broadcast per rank for host tensors (a gloo group, ``device="cpu"``). No second full-size
     buffer is made, and ownership is as without a group. When the ranks span several nodes,
-    pass a node-local group (``torch.distributed.new_subgroups()``): each byte is read once per
-    group. numpy and CuPy buffers take a group too (shared with torch, not copied).
+    pass a node-local group (the first item of ``torch.distributed.new_subgroups()``): each
+    byte is read once per group. numpy and CuPy buffers take a group too (shared with torch,
+    not copied).
 
     With a group, opening, :meth:`get_tensors` and :meth:`tensors` are collective: every rank
     must make the same calls with the same files, ``tensor_filter`` and device kind. Opening
