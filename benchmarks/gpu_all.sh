@@ -5,7 +5,7 @@
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
 #   bash benchmarks/gpu_all.sh [STEP...]
 #   steps: tests memory contention sweep compare checkpoint policy cligpu firstcall save remote multigpu
-#          multidrive
+#          multickpt multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
 ROOT=$PWD
@@ -148,6 +148,18 @@ for g in $(nvidia-smi --query-gpu=index --format=csv,noheader); do "$ROOT/.carry
 timeout "${MULTIGPU_TIMEOUT:-300}" python3 benchmarks/multi_gpu.py --size-gib "${MULTIGPU_GIB:-8}" \
   --rounds "${MULTIGPU_ROUNDS:-3}" --variants "${MULTIGPU_VARIANTS:-}" --json "$LOGS/multi_gpu.json" >"$LOGS/multi_gpu.log" 2>&1
 tail -20 "$LOGS/multi_gpu.log" | tee -a "$S"
+fi
+
+if want multickpt; then
+step multi-gpu-checkpoint
+# Issue 18 item 3: one process per GPU loading the same checkpoint (8 GiB single file, shared with
+# the checkpoint step), ferrio alone and with a process group against InstantTensor and
+# safetensors, page cache warm (MULTICKPT_COLD=1 adds dropped-cache rows).
+timeout "${MULTICKPT_TIMEOUT:-300}" python3 benchmarks/multi_gpu_checkpoint.py --dir /root/ferrio-ckpt \
+  --checkpoint "${MULTICKPT_WHICH:-single}" --rounds "${MULTICKPT_ROUNDS:-2}" ${MULTICKPT_COLD:+--cold} \
+  ${MULTICKPT_LOADERS:+--loaders "$MULTICKPT_LOADERS"} --json "$LOGS/multi_gpu_checkpoint.json" \
+  >"$LOGS/multi_gpu_checkpoint.log" 2>&1
+tail -14 "$LOGS/multi_gpu_checkpoint.log" | tee -a "$S"
 fi
 
 if want multidrive; then

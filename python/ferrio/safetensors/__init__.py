@@ -15,13 +15,17 @@ swapping the import is the whole migration. On top of that:
   with a ranged GET, the tensor bytes with ferrio's parallel ranged GETs (into host or GPU
   memory), every GET conditional on the version seen at open. A sharded checkpoint is named by
   its ``*.safetensors.index.json`` URL (shards resolve beside it) or a list of shard URLs; a
-  "directory" URL is refused, since an object store cannot be listed without extra rights.
+  "directory" URL is refused, since an object store cannot be listed without extra rights;
+- ``process_group=`` (a ``torch.distributed`` group): every rank gets the whole checkpoint while
+  each reads only its 1/W share from storage, the rest exchanged in place over the group (see
+  :class:`safe_open`).
 
 Ownership: a load allocates ONE ``uint8`` buffer per call for all the bytes it selects (plus at
-most 7 bytes per contiguous run, to keep each tensor at its file alignment), and every tensor
-returned is a view of it: the buffer lives while any tensor of that load lives, and freeing
-one tensor frees nothing until the last one is gone (copy with ``.clone()``/``.copy()`` to keep
-a few tensors of a big load). A tensor whose bytes are not aligned to its element size in the
+most 7 bytes per contiguous run, to keep each tensor at its file alignment, and with a process
+group at most W - 1 bytes to divide it among W ranks), and every tensor returned is a view of
+it: the buffer lives while any tensor of that load lives, and freeing one tensor frees nothing
+until the last one is gone (copy with ``.clone()``/``.copy()`` to keep a few tensors of a big
+load). A tensor whose bytes are not aligned to its element size in the
 file is the exception: it is copied into memory of its own. ``get_tensor`` and ``get_slice``
 return tensors with their own buffer. Nothing is ever overwritten: ``save_file`` writes under a
 temporary name in the target's directory and renames it into place only once every byte is
@@ -47,9 +51,11 @@ from ferrio._native import (
     safetensors_parse_header,
     safetensors_read_header,
 )
+from ferrio.safetensors import _distributed as _dist
 from ferrio.safetensors._frameworks import (
     Framework,
     check_not_shared,
+    parse_device,
     to_bytes,
 )
 from ferrio.safetensors._frameworks import framework as _framework
@@ -68,6 +74,9 @@ PathLike = str | os.PathLike[str]
 # Bytes in flight at once while tensors() yields: enough to keep every worker busy, small
 # enough that the first tensors arrive early (reads of one pool share its workers round-robin).
 _STREAM_WINDOW_BYTES = 256 << 20
+
+
+_Run = tuple[str, int, int, int]  # path, file begin, file end, where in the buffer
 
 
 class _Tensor:
@@ -184,27 +193,40 @@ class _Checkpoint:
                 )
 
 
-class _Load:
-    """One buffer for a set of tensors, and the reads that fill it (all files at once)."""
+def _layout(tensors: list[_Tensor]) -> tuple[list[_Run], dict[str, int], int]:
+    """Place `tensors` in one buffer: the file runs to read, each tensor's offset, the size.
 
-    def __init__(self, fw: Framework, tensors: list[_Tensor]) -> None:
-        # Contiguous runs of tensors in each file, each read with one pread (ferrio splits it
-        # into parallel tasks); a run starts in the buffer at its file alignment modulo 8.
+    Contiguous tensors of a file form one run, read with one pread (ferrio splits it into
+    parallel tasks); a run starts in the buffer at its file alignment modulo 8.
+    """
+    runs: list[_Run] = []  # path, file begin, file end, buf at
+    at: dict[str, int] = {}
+    size = 0
+    for t in tensors:
+        last = runs[-1] if runs else None
+        if last is not None and last[0] == t.path and last[2] == t.begin:
+            runs[-1] = (last[0], last[1], t.end, last[3])
+        else:
+            size += (t.begin - size) % 8
+            runs.append((t.path, t.begin, t.end, size))
+        run = runs[-1]
+        at[t.name] = run[3] + (t.begin - run[1])
+        size = run[3] + (run[2] - run[1])
+    return runs, at, size
+
+
+class _Load:
+    """One buffer for a set of tensors, and the reads that fill it (all files at once).
+
+    With `world` ranks sharing the load the buffer is padded to a multiple of `world` bytes
+    (`piece` bytes per rank); the padding is never part of a view.
+    """
+
+    def __init__(self, fw: Framework, tensors: list[_Tensor], world: int = 1) -> None:
         self.fw = fw
-        self.runs: list[tuple[str, int, int, int]] = []  # path, file begin, file end, buf at
-        self.at: dict[str, int] = {}
-        size = 0
-        for t in tensors:
-            last = self.runs[-1] if self.runs else None
-            if last is not None and last[0] == t.path and last[2] == t.begin:
-                self.runs[-1] = (last[0], last[1], t.end, last[3])
-            else:
-                size += (t.begin - size) % 8
-                self.runs.append((t.path, t.begin, t.end, size))
-            run = self.runs[-1]
-            self.at[t.name] = run[3] + (t.begin - run[1])
-            size = run[3] + (run[2] - run[1])
-        self.buf = fw.empty(size)
+        self.runs, self.at, size = _layout(tensors)
+        padded, self.piece = _dist.shares(size, world)
+        self.buf = fw.empty(padded)
         self.files: dict[str, ferrio.File | ferrio.RemoteFile] = {}
 
     def start(self, runs: Sequence[tuple[str, int, int, int]]) -> list[ferrio.IOFuture]:
@@ -250,6 +272,34 @@ def _load(fw: Framework, tensors: list[_Tensor]) -> dict[str, Any]:
         return {t.name: load.view(t) for t in tensors}
     finally:
         load.close()
+
+
+def _load_shared(fw: Framework, tensors: list[_Tensor], group: _dist.Group) -> dict[str, Any]:
+    """Load `tensors` on every rank of `group`, each reading only its piece of the buffer.
+
+    Every rank reports whether its reads succeeded before the exchange, so a failure on one
+    rank raises on all of them instead of leaving the others in the all-gather.
+    """
+    err: Exception | None = None
+    load: _Load | None = None
+    try:
+        load = _Load(fw, tensors, group.world)
+        lo = group.rank * load.piece
+        mine = _dist.rank_runs(load.runs, lo, lo + load.piece)
+        load.wait(load.start(mine), mine)
+    except Exception as e:  # told to every rank below, then raised here
+        err = e
+    finally:
+        if load is not None:
+            load.close()
+    why = _dist.read_failure(group.all_gather_bytes(b"\x01" if err is not None else b"\x00"))
+    if err is not None:
+        raise err
+    if why is not None:
+        raise SafetensorError(why)
+    assert load is not None  # err is None, so the load was made
+    group.exchange(load.buf, load.piece)
+    return {t.name: load.view(t) for t in tensors}
 
 
 class _Slice:
@@ -304,6 +354,26 @@ class safe_open:  # the name of safetensors' class
     be a list of shard files, a directory of shards or an index JSON, and ``tensor_filter``
     (glob patterns) limits which tensors it shows and reads. ``backend`` is accepted for
     compatibility and ignored. The header is read and validated on opening.
+
+    ``process_group`` (a ``torch.distributed`` group, as InstantTensor's keyword): every rank
+    of the group loads the same checkpoint and ends with all of it on its own ``device``, while
+    each byte is read from storage once per group. The load's buffer is cut into one equal,
+    contiguous piece per rank (padded by at most ``world_size - 1`` bytes, never part of a
+    tensor); each rank reads only its piece, then the pieces are exchanged in place, with one
+    ``all_gather_into_tensor`` for GPU tensors (an NCCL group, on the current CUDA stream) or one
+    broadcast per rank for host tensors (a gloo group, ``device="cpu"``). No second full-size
+    buffer is made, and ownership is as without a group. When the ranks span several nodes,
+    pass a node-local group (the first item of ``torch.distributed.new_subgroups()``): each
+    byte is read once per group. numpy and CuPy buffers take a group too (shared with torch,
+    not copied).
+
+    With a group, opening, :meth:`get_tensors` and :meth:`tensors` are collective: every rank
+    must make the same calls with the same files, ``tensor_filter`` and device kind. Opening
+    compares a digest of what each rank opened and raises :class:`SafetensorError` naming the
+    rank that differs; a rank that fails to open or read makes every rank raise, so none waits
+    forever. :meth:`tensors` yields only after the whole exchange, and :meth:`get_tensor` and
+    :meth:`get_slice` read on the calling rank alone, without the group. Without a group
+    (``None``, the default) each process reads everything itself.
     """
 
     def __init__(
@@ -314,10 +384,43 @@ class safe_open:  # the name of safetensors' class
         *,
         backend: str | None = None,
         tensor_filter: Sequence[str] | None = None,
+        process_group: Any = None,
     ) -> None:
         del backend  # safetensors' mmap/pread choice; ferrio always reads in parallel
-        self._fw = _framework(framework, device)
-        self._ckpt = _Checkpoint(filename, tensor_filter)
+        self._group: _dist.Group | None = None
+        if process_group is None:
+            self._fw = _framework(framework, device)
+            self._ckpt = _Checkpoint(filename, tensor_filter)
+            return
+        kind: str | None = None
+        index: int | None = None
+        with contextlib.suppress(ValueError, TypeError):
+            kind, index = parse_device(device)
+        group = _dist.Group(process_group, kind, index)
+        err: Exception | None = None
+        try:
+            self._fw = _framework(framework, device)
+            group.check_device(self._fw.kind)
+            self._ckpt = _Checkpoint(filename, tensor_filter)
+            ts = self._ordered()
+            for t in ts:
+                self._fw.check_dtype(t.name, t.dtype)
+            runs, at, size = _layout(ts)
+            selected = [(t.name, t.dtype, t.shape, at[t.name]) for t in ts]
+            digest = _dist.plan_digest(
+                self._ckpt.files, self._ckpt.metadata, selected, runs, size, self._fw.kind
+            )
+        except Exception as e:  # told to every rank below, then raised here
+            err, digest = e, _dist.FAILED
+        why = _dist.disagreement(group.all_gather_bytes(digest))
+        if err is not None:
+            raise err
+        if why is not None:
+            raise SafetensorError(why)
+        self._group = group
+
+    def _ordered(self) -> list[_Tensor]:
+        return [self._ckpt.tensors[n] for n in self._ckpt.order]
 
     def __enter__(self) -> safe_open:
         return self
@@ -355,16 +458,26 @@ class safe_open:  # the name of safetensors' class
         return _Slice(self, self._info(name))
 
     def get_tensors(self) -> dict[str, Any]:
-        """Read every tensor in one parallel read; they share one buffer (see the module)."""
-        return _load(self._fw, [self._ckpt.tensors[n] for n in self._ckpt.order])
+        """Read every tensor in one parallel read; they share one buffer (see the module).
+
+        With a ``process_group`` this is collective: each rank reads its piece, then the
+        ranks exchange them (see the class).
+        """
+        if self._group is not None:
+            return _load_shared(self._fw, self._ordered(), self._group)
+        return _load(self._fw, self._ordered())
 
     def tensors(self) -> Iterator[tuple[str, Any]]:
         """Yield ``(name, tensor)`` in file order as each tensor's bytes arrive.
 
         Reads run ahead of the consumer by a window of bytes, so work on the first tensors
-        overlaps the reading of the rest; the tensors share one buffer (see the module).
+        overlaps the reading of the rest; the tensors share one buffer (see the module). With
+        a ``process_group`` the first tensor is yielded after the whole collective load.
         """
-        ts = [self._ckpt.tensors[n] for n in self._ckpt.order]
+        if self._group is not None:
+            yield from self.get_tensors().items()
+            return
+        ts = self._ordered()
         for t in ts:
             self._fw.check_dtype(t.name, t.dtype)
         load = _Load(self._fw, ts)
@@ -397,14 +510,19 @@ def load_file(
     framework: str = "pt",
     backend: str | None = None,
     tensor_filter: Sequence[str] | None = None,
+    process_group: Any = None,
 ) -> dict[str, Any]:
     """Load every tensor (or those `tensor_filter` selects) of a file, directory or index.
 
     All shards are read at once, straight into one buffer on `device` (see the module for what
     owns the memory). ``framework`` is ``"pt"`` (default, as ``safetensors.torch``),
-    ``"numpy"`` or ``"cupy"``.
+    ``"numpy"`` or ``"cupy"``. With a ``torch.distributed`` ``process_group`` every rank calls
+    this with the same arguments and gets the whole checkpoint, each rank reading only its
+    share from storage (see :class:`safe_open`).
     """
-    with safe_open(filename, framework, device, tensor_filter=tensor_filter) as f:
+    with safe_open(
+        filename, framework, device, tensor_filter=tensor_filter, process_group=process_group
+    ) as f:
         return f.get_tensors()
 
 

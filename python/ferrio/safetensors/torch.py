@@ -22,9 +22,16 @@ def load_file(
     *,
     backend: str | None = None,
     tensor_filter: Sequence[str] | None = None,
+    process_group: Any = None,
 ) -> dict[str, Any]:
-    """Load a file, directory of shards or index into torch tensors on `device`."""
-    return _load_file(filename, device, framework="pt", tensor_filter=tensor_filter)
+    """Load a file, directory of shards or index into torch tensors on `device`.
+
+    With a ``torch.distributed`` ``process_group`` each rank reads its share and the ranks
+    exchange the rest (see :class:`ferrio.safetensors.safe_open`).
+    """
+    return _load_file(
+        filename, device, framework="pt", tensor_filter=tensor_filter, process_group=process_group
+    )
 
 
 def load(data: bytes) -> dict[str, Any]:
