@@ -356,7 +356,7 @@ pub const SETTINGS: &[SettingInfo] = &[
         name: "bounce_buffer_size",
         env: "FERRIO_BOUNCE_BUFFER_SIZE",
         unit: "bytes",
-        default: "4 MiB",
+        default: "2 MiB",
         doc: "size of each pinned bounce buffer for GPU transfers",
         get: |s| s.bounce_buffer_size.to_string(),
         set: |s, v| {
@@ -882,7 +882,7 @@ mod tests {
         assert_eq!(d.direct_read, DirectMode::Auto);
         assert_eq!(d.direct_write, DirectMode::Auto);
         assert!(!d.direct_overread);
-        assert_eq!(d.bounce_buffer_size, 4 << 20);
+        assert_eq!(d.bounce_buffer_size, 2 << 20);
         assert_eq!(d.bounce_buffers, 2);
         assert_eq!(d.pinned_limit, 1 << 30);
         assert_eq!(d.remote_connect_timeout, Duration::from_secs(5));
