@@ -531,8 +531,12 @@ def main() -> None:
                     runs[c].append(got)
                     rate_s, cpu_s = f"{got[0]:.3f} GiB/s", f"{got[1]:.2f} CPU-s/GiB"
                     print(f"  {setting} round {r + 1} {c}: {rate_s}, {cpu_s}", flush=True)
-    # ferrio's defaults: 8 MiB ranges, 32 in flight (fewer for an object of fewer ranges).
-    in_flight = min(32, -(-size // (8 << 20)))
+    # ferrio's defaults (fewer in flight for an object of fewer ranges), read from ferrio itself
+    # so the target follows a changed default.
+    import ferrio.config
+
+    range_size = int(ferrio.config.get("remote_range_size"))
+    in_flight = min(int(ferrio.config.get("remote_concurrency")), -(-size // range_size))
     cap_gib = in_flight * rate / GIB
     print()
     print("| setting | client | GiB/s (median) | CPU-s/GiB | runs |")
