@@ -196,17 +196,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--loaders", default=",".join(LOADERS))
-    ap.add_argument("--warm-loaders", help="loaders for the warm rows (default: --loaders)")
-    ap.add_argument("--cold-loaders", help="loaders for the cold rows (default: --loaders)")
+    ap.add_argument(
+        "--warm-loaders", help="loaders for the warm rows (default: --loaders; 'none': no rows)"
+    )
+    ap.add_argument(
+        "--cold-loaders", help="loaders for the cold rows (default: --loaders; 'none': no rows)"
+    )
     ap.add_argument("--fio", help="a fio binary: adds its two O_DIRECT shapes to the cold rows")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--checkpoints", choices=["both", "single", "4"], default="both",
                     help="which checkpoints: both, the single file, or the 4 shards")  # fmt: skip
     args = ap.parse_args()
+    # "none" leaves a mode's rows out (e.g. `--cold-loaders none` for a warm-only run).
+    cold = [] if args.cold_loaders == "none" else (args.cold_loaders or args.loaders).split(",")
     by_mode = {
-        "warm": (args.warm_loaders or args.loaders).split(","),
-        "cold": (args.cold_loaders or args.loaders).split(",")
-        + (list(FIO_SHAPES) if args.fio else []),
+        "warm": []
+        if args.warm_loaders == "none"
+        else (args.warm_loaders or args.loaders).split(","),
+        "cold": cold + (list(FIO_SHAPES) if args.fio and cold else []),
     }
     ckpts = make_checkpoints(args.dir, args.checkpoints)
     results: dict[str, dict] = {}
@@ -215,6 +222,8 @@ def main() -> None:
         total = sum(os.path.getsize(p) for p in files)
         for mode in ["warm", "cold"] if can_drop else ["warm"]:
             loaders = [name for name in by_mode[mode] if name]
+            if not loaders:
+                continue
             for r in range(args.rounds):
                 order = loaders[r % len(loaders) :] + loaders[: r % len(loaders)]
                 for loader in order:
