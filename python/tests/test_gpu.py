@@ -116,3 +116,51 @@ def test_producer_stream_is_honoured(tmp_path: Any) -> None:
             f.write(a)
     assert (np.fromfile(path, dtype=np.uint8) == 3).all()
     assert os.path.getsize(path) == 64 << 20
+
+
+def _two_gpus() -> int:
+    n = int(cp.cuda.runtime.getDeviceCount())
+    if n < 2:
+        pytest.skip(f"needs two GPUs ({n} visible)")
+    return n
+
+
+def test_arrays_on_every_gpu_at_once(data_file: tuple[str, np.ndarray]) -> None:
+    """One process, one file, an array on each GPU: the reads run at the same time (futures on
+    the same workers), each through rings of its own GPU, and each array gets every byte."""
+    path, data = data_file
+    n = _two_gpus()
+    arrays = []
+    for g in range(n):
+        with cp.cuda.Device(g):
+            arrays.append(cp.full(len(data) + 64, POISON, dtype=cp.uint8))
+    with ferrio.open(path) as f:
+        # Each GPU gets a different offset, so a copy landing on the wrong GPU cannot pass.
+        futures = [
+            f.pread(a[32 : 32 + len(data) - g * 4096], offset=g * 4096)
+            for g, a in enumerate(arrays)
+        ]
+        assert [fut.result() for fut in futures] == [len(data) - g * 4096 for g in range(n)]
+    for g, a in enumerate(arrays):
+        assert a.device.id == g
+        got = cp.asnumpy(a)
+        assert (got[32 : 32 + len(data) - g * 4096] == data[g * 4096 :]).all(), f"GPU {g}"
+        assert (got[:32] == POISON).all() and (got[32 + len(data) - g * 4096 :] == POISON).all()
+
+
+def test_write_from_every_gpu_at_once(tmp_path: Any) -> None:
+    """Arrays on different GPUs written to one file at once, each to its own range."""
+    n = _two_gpus()
+    piece = (8 << 20) + 4096
+    srcs = []
+    for g in range(n):
+        with cp.cuda.Device(g):
+            srcs.append(cp.arange(piece, dtype=cp.uint8) + g)
+            cp.cuda.runtime.deviceSynchronize()
+    path = str(tmp_path / "multi.bin")
+    with ferrio.open(path, "w") as f:
+        futures = [f.pwrite(s, offset=g * piece) for g, s in enumerate(srcs)]
+        assert [fut.result() for fut in futures] == [piece] * n
+    got = np.fromfile(path, dtype=np.uint8)
+    for g, s in enumerate(srcs):
+        assert (got[g * piece : (g + 1) * piece] == cp.asnumpy(s)).all(), f"GPU {g}"
