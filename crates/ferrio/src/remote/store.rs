@@ -180,11 +180,75 @@ fn has_any(options: &[(String, String)], keys: &[&str]) -> bool {
     options.iter().any(|(k, _)| keys.contains(&k.as_str()))
 }
 
+/// Stores already built, each with what it was built from (see [`store_key`]), newest last, at
+/// most [`KEPT_STORES`]: objects of one bucket or server share one client, so a recursive copy
+/// or a loader opening many objects reuses connections (and their TLS sessions) and credentials
+/// instead of making a client per object.
+static STORES: Mutex<Vec<(String, Arc<dyn ObjectStore>)>> = Mutex::new(Vec::new());
+
+/// How many stores [`STORES`] keeps; the least recently used goes first.
+const KEPT_STORES: usize = 16;
+
+/// Everything a store of `loc` is built from: the process (a forked child's connections are its
+/// parent's), the store's part of the URL (scheme, bucket or server), the settings it takes, and
+/// the environment it reads (its variables and the gcloud credentials file), so a changed
+/// endpoint, credential or timeout gets a store of its own.
+fn store_key(loc: &Location, settings: &Settings) -> String {
+    let mut env: Vec<(String, String)> = ["AWS_", "GOOGLE_", "AZURE_"]
+        .into_iter()
+        .flat_map(env_options)
+        .collect();
+    env.sort();
+    format!(
+        "{}|{}|{:?}|{:?}|{}|{:?}|{:?}|{:?}",
+        crate::sys::process_id(),
+        &loc.url[..url::Position::BeforePath],
+        settings.remote_connect_timeout,
+        settings.remote_timeout,
+        settings.remote_retries,
+        settings.remote_retry_timeout,
+        std::env::var_os("HOME"),
+        env,
+    )
+}
+
+/// The store for `loc`: one built before from the same URL part, settings and environment, or
+/// a new one (see [`build_new`]).
+///
+/// # Errors
+/// As [`build_new`].
+pub(crate) fn build_with(loc: &Location, settings: &Settings) -> Result<Arc<dyn ObjectStore>> {
+    let key = store_key(loc, settings);
+    {
+        // Entries are only pushed, moved or removed whole, so a poisoned lock holds a valid list.
+        let mut stores = STORES.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = stores.iter().position(|(k, _)| *k == key) {
+            let entry = stores.remove(i);
+            let store = entry.1.clone();
+            stores.push(entry);
+            return Ok(store);
+        }
+    }
+    // Built outside the lock (it may read files); two threads may both build, and both stores
+    // work: the later one is kept.
+    let store = build_new(loc, settings)?;
+    let mut stores = STORES.lock().unwrap_or_else(|p| p.into_inner());
+    stores.retain(|(k, _)| *k != key);
+    if stores.len() >= KEPT_STORES {
+        stores.remove(0);
+    }
+    stores.push((key, store.clone()));
+    Ok(store)
+}
+
 /// Builds the store for `loc` from the environment. Without credentials in the environment the
 /// requests go unsigned (public buckets); a user of instance credentials (EC2, GCE, managed
 /// identity) turns signing on with `AWS_SKIP_SIGNATURE=false` (or the GOOGLE_/AZURE_ twin).
 /// Timeouts and retries come from `settings`.
-pub(crate) fn build_with(loc: &Location, settings: &Settings) -> Result<Arc<dyn ObjectStore>> {
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the URL when the store's builder refuses it.
+fn build_new(loc: &Location, settings: &Settings) -> Result<Arc<dyn ObjectStore>> {
     let url = loc.url.as_str();
     let bad = |e: object_store::Error| {
         Error::InvalidArgument(format!("cannot use object URL {url:?}: {e}"))
@@ -294,6 +358,38 @@ pub(crate) fn changed(why: &str) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kept stores are one list for the process: these tests take turns with it.
+    static KEPT: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn objects_of_one_store_share_one_client_until_what_it_was_built_from_changes() {
+        let _turn = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+        let settings = Settings::default();
+        let a = parse("http://127.0.0.1:9/d/a.bin").unwrap();
+        let b = parse("http://127.0.0.1:9/other/b.bin").unwrap();
+        let first = build_with(&a, &settings).unwrap();
+        assert!(Arc::ptr_eq(&first, &build_with(&b, &settings).unwrap()));
+        // Another server, and other timeouts, get stores of their own.
+        let c = parse("http://127.0.0.1:10/d/a.bin").unwrap();
+        assert!(!Arc::ptr_eq(&first, &build_with(&c, &settings).unwrap()));
+        let mut slow = settings.clone();
+        slow.remote_timeout = Duration::from_secs(7);
+        let other = build_with(&a, &slow).unwrap();
+        assert!(!Arc::ptr_eq(&first, &other));
+        assert!(Arc::ptr_eq(&other, &build_with(&b, &slow).unwrap()));
+    }
+
+    #[test]
+    fn the_kept_stores_are_bounded() {
+        let _turn = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+        let settings = Settings::default();
+        for port in 20_000..20_000 + 2 * KEPT_STORES {
+            let loc = parse(&format!("http://127.0.0.1:{port}/f")).unwrap();
+            build_with(&loc, &settings).unwrap();
+        }
+        assert!(STORES.lock().unwrap().len() <= KEPT_STORES);
+    }
 
     #[test]
     fn parses_each_store_kind() {
