@@ -221,10 +221,27 @@ pub(crate) fn follow_gpu(context: Context) {
     }
 }
 
-/// The CPUs of `node` that the process may use: node `node`'s list intersected with the
-/// affinity of the first thread to ask (before ferrio narrowed any), `None` if that is empty.
+/// Gives the calling worker back the CPUs the process was allowed (see [`ORIGINAL`]) if
+/// [`follow_gpu`] narrowed them, so a host task after a device task runs wherever the scheduler
+/// puts it. Only a thread-local check when nothing was narrowed; best effort.
+pub(crate) fn leave_gpu() {
+    if FOLLOWING.with(|f| f.get()).is_none() {
+        return;
+    }
+    if let Some(Some(original)) = ORIGINAL.get() {
+        if sys::numa::set_thread_affinity(original).is_ok() {
+            FOLLOWING.with(|f| f.set(None));
+        }
+    }
+}
+
+/// The CPUs the process was allowed: the affinity of the first thread that followed a GPU,
+/// read before ferrio narrowed any (`None` inside if it could not be read).
+static ORIGINAL: OnceLock<Option<Vec<usize>>> = OnceLock::new();
+
+/// The CPUs of `node` that the process may use: node `node`'s list intersected with
+/// [`ORIGINAL`], `None` if that is empty.
 fn node_cpus_allowed(node: u32) -> Option<Vec<usize>> {
-    static ORIGINAL: OnceLock<Option<Vec<usize>>> = OnceLock::new();
     let original = ORIGINAL
         .get_or_init(|| sys::numa::thread_affinity().ok())
         .as_ref()?;
@@ -236,6 +253,28 @@ fn node_cpus_allowed(node: u32) -> Option<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_that_followed_a_gpu_gets_its_cpus_back_for_host_tasks() {
+        // On a thread of its own: the test narrows that thread's affinity.
+        std::thread::spawn(|| {
+            let original = ORIGINAL
+                .get_or_init(|| sys::numa::thread_affinity().ok())
+                .clone()
+                .expect("this thread's affinity");
+            // Nothing followed: nothing changes.
+            leave_gpu();
+            assert_eq!(sys::numa::thread_affinity().unwrap(), original);
+            // As `follow_gpu` leaves a worker: on fewer CPUs, remembering the node.
+            sys::numa::set_thread_affinity(&original[..1]).unwrap();
+            FOLLOWING.with(|f| f.set(Some(0)));
+            leave_gpu();
+            assert_eq!(sys::numa::thread_affinity().unwrap(), original);
+            assert_eq!(FOLLOWING.with(|f| f.get()), None);
+        })
+        .join()
+        .unwrap();
+    }
 
     /// A fake sysfs tree under a temporary directory.
     struct Tree(tempfile::TempDir);

@@ -33,6 +33,7 @@ impl File {
         let file = self.clone();
         let base = Addr(ptr as usize);
         let run = Box::new(move |w: &mut Worker, t: &Task| {
+            crate::topology::leave_gpu();
             let dst = (base.0 + t.buf_offset) as *mut u8;
             // SAFETY: the task's slice of the request's buffer lies inside `ptr..ptr+len`, which
             // the caller keeps valid and unaliased until the future is done; tasks never overlap.

@@ -37,6 +37,7 @@ impl File {
         let file = self.clone();
         let base = Addr(ptr as usize);
         let run = Box::new(move |w: &mut Worker, t: &Task| {
+            crate::topology::leave_gpu();
             let src = (base.0 + t.buf_offset) as *const u8;
             // SAFETY: the task's slice lies inside `ptr..ptr+len`, which the caller keeps valid
             // and unchanged until the future is done.
