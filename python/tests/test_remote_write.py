@@ -428,6 +428,21 @@ def test_copy_empty_tree_and_missing_prefix(s3: Any, tmp_path: Path) -> None:
     assert not (tmp_path / "down").exists()
 
 
+def test_copy_prefix_with_directory_markers(s3: Any, tmp_path: Path) -> None:
+    """Folders made in a console are empty keys `dir/`: one with keys under it is no file, and
+    one with nothing under it downloads as an empty directory, not an error or an empty file."""
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="m/empty/", Body=b"")
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="m/full/", Body=b"")
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="m/full/a.bin", Body=b"abc")
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="m/zero.bin", Body=b"")
+    out = tmp_path / "out"
+    report = in_thread(lambda: ferrio.copy(f"s3://{s3.ferrio_bucket}/m/", out, recursive=True))
+    assert report["files"] == 2 and report["dirs"] == 1
+    assert (out / "empty").is_dir() and list((out / "empty").iterdir()) == []
+    assert (out / "full" / "a.bin").read_bytes() == b"abc"
+    assert (out / "zero.bin").is_file() and (out / "zero.bin").stat().st_size == 0
+
+
 def test_copy_prefix_with_escaping_key_is_refused(s3: Any, tmp_path: Path) -> None:
     s3.put_object(Bucket=s3.ferrio_bucket, Key="evil/ok.bin", Body=b"fine")
     s3.put_object(Bucket=s3.ferrio_bucket, Key="evil/../../escaped.bin", Body=b"bad")

@@ -461,10 +461,11 @@ fn run_job(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>, report: &Mutex<
     let outcome = copy_one(job, plan, progress);
     let mut report = report.lock().unwrap_or_else(|p| p.into_inner());
     match outcome {
-        Ok(()) => {
+        Ok(Copied::File) => {
             report.files += 1;
             report.bytes += job.len;
         }
+        Ok(Copied::Directory) => report.dirs += 1,
         Err(Error::Cancelled) => {}
         Err(error) => {
             progress.errors.fetch_add(1, Ordering::Relaxed);
@@ -478,7 +479,15 @@ fn run_job(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>, report: &Mutex<
     progress.files_done.fetch_add(1, Ordering::Relaxed);
 }
 
-fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<()> {
+/// What one job made.
+enum Copied {
+    File,
+    /// An empty "directory" marker (a key `dir/` with no bytes and nothing under it), which
+    /// lists as an empty object `dir` that cannot be fetched: made as an empty directory.
+    Directory,
+}
+
+fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<Copied> {
     let settings = &plan.settings;
     let opened;
     let src = match &job.src {
@@ -490,10 +499,25 @@ fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<()> 
             );
             &opened
         }
-        Source::Object(u) => {
-            opened = Source::Remote(RemoteFile::open_with(u, settings.clone())?);
-            &opened
-        }
+        Source::Object(u) => match RemoteFile::open_with(u, settings.clone()) {
+            Ok(file) => {
+                opened = Source::Remote(file);
+                &opened
+            }
+            // A listed object of no bytes that is not there under its name is a marker `dir/`
+            // (object_store names keys without their trailing `/`): an empty directory.
+            Err(e) if job.make_parents && job.len == 0 && is_not_found(&e) => {
+                if let End::Local(dst) = &job.dst {
+                    fs::create_dir_all(dst).map_err(|source| Error::Fs {
+                        action: "make the directory",
+                        path: dst.clone(),
+                        source,
+                    })?;
+                }
+                return Ok(Copied::Directory);
+            }
+            Err(e) => return Err(e),
+        },
         other => other,
     };
     if let (true, End::Local(dst)) = (job.make_parents, &job.dst) {
@@ -517,7 +541,7 @@ fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<()> 
         (Source::Remote(src), End::Url(dst)) => {
             if remote::copy_in_store(src.url(), dst)? {
                 progress.add_bytes(src.len());
-                return Ok(());
+                return Ok(Copied::File);
             }
             let mut writer = new_writer(dst, &plan.writer_settings, progress)?;
             let window = plan.window.max(writer.part_size());
@@ -527,6 +551,12 @@ fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<()> 
         }
         _ => Err(mixed()),
     }
+    .map(|()| Copied::File)
+}
+
+/// Whether `e` says the object does not exist.
+fn is_not_found(e: &Error) -> bool {
+    matches!(e, Error::Open { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
 }
 
 fn new_writer(
