@@ -81,7 +81,7 @@ enum Source {
     Local(crate::File),
     Remote(RemoteFile),
     LocalPath(PathBuf),
-    Object(String),
+    Object(remote::ListedObject),
 }
 
 impl Source {
@@ -90,7 +90,7 @@ impl Source {
             Source::Local(f) => f.path().to_path_buf(),
             Source::Remote(f) => PathBuf::from(f.url()),
             Source::LocalPath(p) => p.clone(),
-            Source::Object(u) => PathBuf::from(u),
+            Source::Object(o) => PathBuf::from(&o.url),
         }
     }
 
@@ -284,10 +284,10 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
                             let parts: Vec<String> =
                                 o.relative.split('/').map(str::to_string).collect();
                             jobs.push(Job {
-                                src: Source::Object(o.url),
                                 dst: under(&root, &parts),
                                 len: o.size,
                                 make_parents: true,
+                                src: Source::Object(o),
                             });
                         }
                         continue;
@@ -499,7 +499,13 @@ fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<Copi
             );
             &opened
         }
-        Source::Object(u) => match RemoteFile::open_with(u, settings.clone()) {
+        // A listed object opens from the listing; one of no bytes is asked for by name first,
+        // since a directory marker lists the same way (see below).
+        Source::Object(o) if o.size > 0 => {
+            opened = Source::Remote(RemoteFile::open_listed(o, settings.clone())?);
+            &opened
+        }
+        Source::Object(o) => match RemoteFile::open_with(&o.url, settings.clone()) {
             Ok(file) => {
                 opened = Source::Remote(file);
                 &opened

@@ -22,6 +22,10 @@ pub struct ListedObject {
     pub size: u64,
     /// The URL that opens it: the prefix's URL with the relative key appended.
     pub url: String,
+    /// Its ETag when listed, if the store gave one.
+    pub e_tag: Option<String>,
+    /// Its version id when listed, if the store keeps versions.
+    pub version: Option<String>,
 }
 
 /// Whether `url` names a store that can list its keys (not a plain `http(s)://` server).
@@ -114,6 +118,8 @@ pub fn list_prefix(url: &str, settings: &Settings) -> Result<Vec<ListedObject>> 
             relative: parts.join("/"),
             size: meta.size,
             url: format!("{base}{}", encoded.join("/")),
+            e_tag: meta.e_tag,
+            version: meta.version,
         });
     }
     objects.sort_by(|a, b| a.relative.cmp(&b.relative));

@@ -132,14 +132,56 @@ impl RemoteFile {
         let meta = handle
             .block_on(store.head(&location.path))
             .map_err(|e| open_err(store::io_error(e)))?;
+        Ok(RemoteFile::with_meta(
+            url,
+            location,
+            store,
+            (meta.size, meta.e_tag, meta.version),
+            settings,
+        ))
+    }
+
+    /// Opens an object found by [`list_prefix`] from what the listing said (size, ETag,
+    /// version), without asking the store again: a copy of many small objects saves a request
+    /// per object. Reads are conditional on the listed ETag and version as on a HEAD's, so an
+    /// object replaced since the listing is an error, never a mix. Azure lists ETags in another
+    /// form than its headers give them (unquoted), so its objects are opened as by
+    /// [`RemoteFile::open_with`].
+    ///
+    /// # Errors
+    /// As for [`RemoteFile::open`], except that a missing object is found by the first read.
+    pub(crate) fn open_listed(object: &ListedObject, settings: Settings) -> Result<RemoteFile> {
+        let location = store::parse(&object.url)?;
+        if location.scheme == object_store::ObjectStoreScheme::MicrosoftAzure {
+            return RemoteFile::open_with(&object.url, settings);
+        }
+        let store = store::build_with(&location, &settings)?;
+        let meta = (object.size, object.e_tag.clone(), object.version.clone());
+        Ok(RemoteFile::with_meta(
+            &object.url,
+            location,
+            store,
+            meta,
+            settings,
+        ))
+    }
+
+    /// A remote file of `location` in `store`, of the given size, ETag and version.
+    fn with_meta(
+        url: &str,
+        location: store::Location,
+        store: Arc<dyn ObjectStore>,
+        (len, e_tag, version): (u64, Option<String>, Option<String>),
+        settings: Settings,
+    ) -> RemoteFile {
         let in_flight = store::in_flight_cap(&location, &settings);
-        Ok(RemoteFile {
+        RemoteFile {
             inner: Arc::new(Inner {
                 url: url.into(),
                 location,
-                len: meta.size,
-                e_tag: meta.e_tag,
-                version: meta.version,
+                len,
+                e_tag,
+                version,
                 settings,
                 store: Mutex::new(Connection {
                     pid: crate::sys::process_id(),
@@ -147,7 +189,7 @@ impl RemoteFile {
                     in_flight,
                 }),
             }),
-        })
+        }
     }
 
     /// The URL the object was opened with.
