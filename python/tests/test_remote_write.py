@@ -437,10 +437,30 @@ def test_copy_prefix_with_directory_markers(s3: Any, tmp_path: Path) -> None:
     s3.put_object(Bucket=s3.ferrio_bucket, Key="m/zero.bin", Body=b"")
     out = tmp_path / "out"
     report = in_thread(lambda: ferrio.copy(f"s3://{s3.ferrio_bucket}/m/", out, recursive=True))
-    assert report["files"] == 2 and report["dirs"] == 1
+    # Directories count as in a local tree copy: the root, `full` (made once, though both its
+    # marker and its object ask for it) and `empty`.
+    assert report["files"] == 2 and report["dirs"] == 3
     assert (out / "empty").is_dir() and list((out / "empty").iterdir()) == []
     assert (out / "full" / "a.bin").read_bytes() == b"abc"
     assert (out / "zero.bin").is_file() and (out / "zero.bin").stat().st_size == 0
+
+
+def test_copy_prefix_where_a_directory_cannot_be_made(s3: Any, tmp_path: Path) -> None:
+    """A file where the download needs a directory fails that directory once, and only the
+    objects under it: the rest of the tree is copied."""
+    for key, body in [("t/ok/a.bin", b"a"), ("t/blocked/b.bin", b"b"), ("t/blocked/c/d.bin", b"d")]:
+        s3.put_object(Bucket=s3.ferrio_bucket, Key=key, Body=body)
+    # Into an existing directory the tree lands under its own name, `t`, as with `cp -r`.
+    into = tmp_path / "into"
+    out = into / "t"
+    out.mkdir(parents=True)
+    (out / "blocked").write_bytes(b"a file, not a directory")
+    with pytest.raises(OSError) as e:
+        in_thread(lambda: ferrio.copy(f"s3://{s3.ferrio_bucket}/t/", into, recursive=True))
+    assert "blocked" in str(e.value)
+    assert (out / "ok" / "a.bin").read_bytes() == b"a"
+    assert (out / "blocked").read_bytes() == b"a file, not a directory"
+    assert sorted(p.name for p in out.iterdir()) == ["blocked", "ok"]
 
 
 def test_copy_prefix_with_escaping_key_is_refused(s3: Any, tmp_path: Path) -> None:
@@ -535,7 +555,10 @@ def test_cli_cp_recursive_json(s3: Any, tmp_path: Path) -> None:
         timeout=BOUND_S,
     )
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["files"] == len(files)
+    report = json.loads(out.stdout)
+    assert report["files"] == len(files)
+    # `down`, `sub` and `sub/deeper`: the empty directories were not uploaded (objects only).
+    assert report["dirs"] == 3
     assert _files(down) == files
     missing = f"s3://{s3.ferrio_bucket}/no-such-prefix/"
     out = subprocess.run(

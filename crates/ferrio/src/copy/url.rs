@@ -15,6 +15,7 @@
 //! It owns the plan of such a copy and the loop over its files; the bytes move through
 //! [`crate::File`], [`crate::RemoteFile`] and [`crate::RemoteWriter`].
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -70,7 +71,8 @@ struct Job {
     src: Source,
     dst: End,
     len: u64,
-    /// Whether the destination's parent directories are made first: a file of a tree.
+    /// Whether this is an object of a listed tree, whose destination's parent directories are
+    /// made before any file is copied (`make_tree_dirs`).
     make_parents: bool,
 }
 
@@ -272,6 +274,8 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
     let many = sources.len() > 1;
     let mut jobs = Vec::new();
     let mut report = CopyReport::default();
+    // The local directories a download of listed trees needs, parents before children.
+    let mut tree_dirs = BTreeSet::new();
     for src in sources {
         let src = End::of(src);
         let (opened, len) = match &src {
@@ -283,6 +287,15 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
                         for o in listed {
                             let parts: Vec<String> =
                                 o.relative.split('/').map(str::to_string).collect();
+                            if let End::Local(r) = &root {
+                                tree_dirs.insert(r.clone());
+                                tree_dirs.extend((1..parts.len()).filter_map(|k| {
+                                    match under(&root, &parts[..k]) {
+                                        End::Local(d) => Some(d),
+                                        End::Url(_) => None,
+                                    }
+                                }));
+                            }
                             jobs.push(Job {
                                 dst: under(&root, &parts),
                                 len: o.size,
@@ -391,6 +404,11 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
             make_parents: false,
         });
     }
+    let failed = make_tree_dirs(&tree_dirs, &mut report, &progress);
+    jobs.retain(|j| match &j.dst {
+        End::Local(d) => !failed.iter().any(|f| d.starts_with(f)),
+        End::Url(_) => true,
+    });
     progress
         .files_total
         .store(jobs.len() as u64, Ordering::Relaxed);
@@ -407,13 +425,14 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
     .max(1);
     let plan = Plan::new(&settings, threads);
     let report = Mutex::new(report);
+    let made = Mutex::new(tree_dirs);
     let sched = Scheduler::new(vec![(0..jobs.len()).collect()]);
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {
                 while let Some((g, i)) = sched.next() {
                     if !progress.is_cancelled() {
-                        run_job(&jobs[i], &plan, &progress, &report);
+                        run_job(&jobs[i], &plan, &progress, &report, &made);
                     }
                     sched.done(g);
                 }
@@ -457,7 +476,66 @@ impl Plan {
     }
 }
 
-fn run_job(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>, report: &Mutex<CopyReport>) {
+/// Makes the directories a download of listed trees writes into, parents first, and counts
+/// each made or merged into, as a local tree copy does. Returns those that could not be made:
+/// nothing under them is tried, and each is one error of the report.
+fn make_tree_dirs(
+    dirs: &BTreeSet<PathBuf>,
+    report: &mut CopyReport,
+    progress: &CopyProgress,
+) -> Vec<PathBuf> {
+    let mut failed: Vec<PathBuf> = Vec::new();
+    for d in dirs {
+        if failed.iter().any(|f| d.starts_with(f)) {
+            continue;
+        }
+        let outcome = match fs::metadata(d) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(Error::Fs {
+                action: "cannot replace a non-directory with a directory:",
+                path: d.clone(),
+                source: std::io::Error::from_raw_os_error(libc::ENOTDIR),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::create_dir(d).or_else(|source| match fs::metadata(d) {
+                    // Made meanwhile by someone else: merged into.
+                    Ok(m) if m.is_dir() => Ok(()),
+                    _ => Err(Error::Fs {
+                        action: "make the directory",
+                        path: d.clone(),
+                        source,
+                    }),
+                })
+            }
+            Err(source) => Err(Error::Fs {
+                action: "stat",
+                path: d.clone(),
+                source,
+            }),
+        };
+        match outcome {
+            Ok(()) => report.dirs += 1,
+            Err(error) => {
+                progress.errors.fetch_add(1, Ordering::Relaxed);
+                report.errors.push(CopyError {
+                    path: d.clone(),
+                    dest: d.clone(),
+                    error,
+                });
+                failed.push(d.clone());
+            }
+        }
+    }
+    failed
+}
+
+fn run_job(
+    job: &Job,
+    plan: &Plan,
+    progress: &Arc<CopyProgress>,
+    report: &Mutex<CopyReport>,
+    made: &Mutex<BTreeSet<PathBuf>>,
+) {
     let outcome = copy_one(job, plan, progress);
     let mut report = report.lock().unwrap_or_else(|p| p.into_inner());
     match outcome {
@@ -465,7 +543,13 @@ fn run_job(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>, report: &Mutex<
             report.files += 1;
             report.bytes += job.len;
         }
-        Ok(Copied::Directory) => report.dirs += 1,
+        // A marker of a directory that also holds objects was made and counted already.
+        Ok(Copied::Directory) => {
+            let mut made = made.lock().unwrap_or_else(|p| p.into_inner());
+            if made.insert(job.dst.name()) {
+                report.dirs += 1;
+            }
+        }
         Err(Error::Cancelled) => {}
         Err(error) => {
             progress.errors.fetch_add(1, Ordering::Relaxed);
@@ -526,15 +610,6 @@ fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<Copi
         },
         other => other,
     };
-    if let (true, End::Local(dst)) = (job.make_parents, &job.dst) {
-        if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
-            fs::create_dir_all(parent).map_err(|source| Error::Fs {
-                action: "make the directory",
-                path: parent.to_path_buf(),
-                source,
-            })?;
-        }
-    }
     match (src, &job.dst) {
         (Source::Local(src), End::Url(dst)) => {
             let mut writer = new_writer(dst, &plan.writer_settings, progress)?;
