@@ -8,10 +8,10 @@ in fresh processes: the first read of a page-cache-warm file into a CuPy array a
 second, for each variant of the ring set-up (`--variants`; each a set of `FERRIO_*` variables),
 variants alternating round by round, medians. Every child runs with `FERRIO_TRACE=1`; the
 timeline of its first read is summarised per variant (when the last worker had its ring, its
-first copy, the pinning done on the critical path and in the background, waits), and the
+first copy, the pinning done on the workers, waits), and the
 per-thread timeline of one child per variant is printed (`--timelines 0` leaves it out).
 
-    python3 benchmarks/first_call.py FILE [--rounds 5] [--variants eager,background,eager-1buf]
+    python3 benchmarks/first_call.py FILE [--rounds 5] [--variants eager,eager-1buf,eager-2x4MiB]
         [--small] [--mib-per-buffer 4] [--buffers 32] [--json OUT]
 """
 
@@ -53,14 +53,8 @@ print(json.dumps(out))
 # Variants of the ring set-up: name -> FERRIO_* variables (on top of the defaults).
 VARIANTS = {
     "eager": {},
-    "background": {"FERRIO_BOUNCE_GROW_IN_BACKGROUND": "on"},
     "eager-1buf": {"FERRIO_BOUNCE_BUFFERS": "1"},
-    "background-4x2MiB": {
-        "FERRIO_BOUNCE_GROW_IN_BACKGROUND": "on",
-        "FERRIO_BOUNCE_BUFFERS": "4",
-        "FERRIO_BOUNCE_BUFFER_SIZE": "2MiB",
-    },
-    "eager-2x2MiB": {"FERRIO_BOUNCE_BUFFER_SIZE": "2MiB"},
+    "eager-2x4MiB": {"FERRIO_BOUNCE_BUFFER_SIZE": "4MiB"},
 }
 
 
@@ -89,8 +83,6 @@ def summarise(events: list, at: list[float]) -> dict:
         if e[3] == "copy" and e[2] not in copies:
             copies[e[2]] = e[0]
     pins_worker = [e for e in inside if e[3] == "pin" and e[2] in workers]
-    pins_bg = [e for e in inside if e[3] == "pin" and e[2] not in workers]
-    adopt = [e for e in inside if e[3] == "adopt"]
     waits = [e for e in inside if e[3] == "wait"]
     settle = [e for e in inside if e[3] == "settle"]
     tasks = [e for e in inside if e[3] == "task"]
@@ -106,9 +98,6 @@ def summarise(events: list, at: list[float]) -> dict:
         "first_copy_ms_max": round(max(map(ms, copies.values())), 2) if copies else None,
         "pins_on_workers": len(pins_worker),
         "pin_ms_on_workers": round(sum(e[1] for e in pins_worker), 2),
-        "pins_in_background": len(pins_bg),
-        "pin_ms_in_background": round(sum(e[1] for e in pins_bg), 2),
-        "last_adopt_ms": round(max(ms(e[0]) for e in adopt), 2) if adopt else None,
         "zero_ms": round(sum(e[1] for e in inside if e[3] == "zero"), 2),
         "stream_ms": round(sum(e[1] for e in inside if e[3] == "stream"), 2),
         "event_ms": round(sum(e[1] for e in inside if e[3] == "event"), 2),
@@ -225,7 +214,7 @@ def main() -> None:
     ap.add_argument("--mib-per-buffer", type=int, default=4)
     ap.add_argument("--buffers", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--variants", default="eager,background,eager-1buf,background-4x2MiB")
+    ap.add_argument("--variants", default="eager,eager-1buf,eager-2x4MiB")
     ap.add_argument("--small", action="store_true", help="also a 64 MiB read before the first")
     ap.add_argument("--no-driver", action="store_true", help="skip part 1")
     ap.add_argument("--timelines", type=int, default=1, help="per-thread timelines per variant")
@@ -261,8 +250,7 @@ def main() -> None:
                 f"({res['second_s'] * 1e3:.1f} ms), ratio {res['second_s'] / res['first_s']:.3f}; "
                 f"last ring ready {tf['ring_ready_ms_max']} ms, last first copy "
                 f"{tf['first_copy_ms_max']} ms, pinning on workers {tf['pin_ms_on_workers']} ms "
-                f"({tf['pins_on_workers']}), in background {tf['pin_ms_in_background']} ms "
-                f"({tf['pins_in_background']})",
+                f"({tf['pins_on_workers']})",
                 flush=True,
             )
             if shown[name] < args.timelines:
@@ -282,8 +270,8 @@ def main() -> None:
         second = statistics.median(r["second_s"] for r in ok)
         ratio = statistics.median(r["second_s"] / r["first_s"] for r in ok)
         keys = (
-            "ring_ready_ms_max", "first_copy_ms_max", "pin_ms_on_workers", "pin_ms_in_background",
-            "last_adopt_ms", "zero_ms", "wait_ms_traced", "settle_ms_max",
+            "ring_ready_ms_max", "first_copy_ms_max", "pin_ms_on_workers", "zero_ms",
+            "wait_ms_traced", "settle_ms_max",
         )  # fmt: skip
         med = {}
         for k in keys:

@@ -142,9 +142,6 @@ pub struct Settings {
     pub bounce_buffers: usize,
     /// Cap on pinned host memory held by all bounce rings.
     pub pinned_limit: u64,
-    /// Pin a new ring's buffers past its first on a background thread while the ring already
-    /// copies through the first, instead of before its first copy.
-    pub bounce_grow_in_background: bool,
     /// Bytes per ranged GET when reading a remote object.
     pub remote_range_size: u64,
     /// Ranged GETs in flight per remote store (all objects of one bucket or server share them).
@@ -178,7 +175,6 @@ impl Default for Settings {
             bounce_buffers: 0,
             fill_in_flight: 0,
             pinned_limit: 0,
-            bounce_grow_in_background: false,
             remote_range_size: 0,
             remote_concurrency: 0,
             remote_connect_timeout: Duration::ZERO,
@@ -385,18 +381,6 @@ pub const SETTINGS: &[SettingInfo] = &[
         get: |s| s.pinned_limit.to_string(),
         set: |s, v| {
             s.pinned_limit = size(v, 0, SIZE_FORMS)?;
-            Ok(())
-        },
-    },
-    SettingInfo {
-        name: "bounce_grow_in_background",
-        env: "FERRIO_BOUNCE_GROW_IN_BACKGROUND",
-        unit: "on/off",
-        default: "off",
-        doc: "pin a new ring's later buffers on a background thread while it copies through its first",
-        get: |s| on_off(s.bounce_grow_in_background).to_string(),
-        set: |s, v| {
-            s.bounce_grow_in_background = flag(v)?;
             Ok(())
         },
     },

@@ -21,11 +21,11 @@
 //! [`write_from_device`] find the calling thread's ring in a thread-local [`RingSet`]. All rings
 //! share one cap on pinned memory ([`PinnedBudget`], from [`Settings::pinned_limit`]).
 //!
-//! A fresh ring pins all its buffers before its first copy, or, with
-//! [`Settings::bounce_grow_in_background`], only its first: the rest are pinned by one background
-//! thread while the ring already copies, so a fresh process's first read does not wait for
-//! them (the driver pins one allocation at a time, whichever thread asks). `FERRIO_TRACE=1`
-//! writes a timeline of the set-up and first copies at exit (`trace.rs`).
+//! A fresh ring pins all its buffers before its first copy. (Pinning only the first and the rest
+//! on a background thread was measured and gained nothing: the driver pins one allocation at a
+//! time whichever thread asks, and the background pins then hold up the workers' copies;
+//! `benchmarks/RESULTS.md`, "First call".) `FERRIO_TRACE=1` writes a timeline of the set-up and
+//! first copies at exit (`trace.rs`).
 //!
 //! This module does no file I/O and no pointer classification; the ring never calls the driver
 //! except through a [`CopyEngine`]. The files:
@@ -34,7 +34,6 @@
 //! - `ring.rs`: [`BounceRing`], one ring and its copy loop;
 //! - `thread_rings.rs`: [`RingSet`] and the calling thread's rings behind [`read_to_device`],
 //!   [`write_from_device`] and the other free functions;
-//! - `grower.rs`: the background thread that pins buffers for rings growing in the background;
 //! - `trace.rs`: the opt-in timeline (`FERRIO_TRACE`);
 //! - `cuda.rs`: [`CudaEngine`], the engine over the real driver (through [`crate::cuda`]);
 //! - `emulated.rs`: [`emulated::EmulatedDevice`], the engine emulated in host memory.
@@ -42,7 +41,6 @@
 mod cuda;
 #[cfg(any(test, feature = "testing"))]
 pub mod emulated;
-mod grower;
 mod ring;
 mod thread_rings;
 pub(crate) mod trace;

@@ -2,15 +2,12 @@
 //! bytes through them to device memory and back (see the [module docs](super) for the design).
 //!
 //! Generic over [`CopyEngine`]: this file never calls the driver, and knows nothing of
-//! thread-locals (the per-thread sets live in `thread_rings.rs`). A ring growing in the
-//! background hands its later buffers' pinning to `grower.rs`'s thread and takes them over
-//! between chunks.
+//! thread-locals (the per-thread sets live in `thread_rings.rs`).
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
-use super::{grower, trace, CopyEngine, PinnedBudget, PINNED_ALIGN};
+use super::{trace, CopyEngine, PinnedBudget, PINNED_ALIGN};
 use crate::cuda::DevicePtr;
 use crate::error::{Error, Result};
 
@@ -38,21 +35,6 @@ struct PinnedBuffer {
 const TRACED_CHUNKS: u32 = 4;
 const TRACED_WAITS: u32 = 8;
 
-/// A buffer pinned on the background thread, on its way to its ring.
-struct Grown(PinnedBuffer);
-
-// SAFETY: pinned host memory is ordinary memory any thread may use; a `Grown` buffer is owned by
-// exactly one side at a time (the background thread, the channel, then the ring), and no copy
-// uses it before the ring has taken it over.
-unsafe impl Send for Grown {}
-
-/// The buffers the background thread is pinning for a ring: they arrive on `arrived`; `stop`
-/// asks the thread to pin no more.
-struct Growing {
-    arrived: mpsc::Receiver<Result<Grown>>,
-    stop: Arc<AtomicBool>,
-}
-
 /// A buffer, its event, and whether a copy using it may still be running.
 struct Slot<V> {
     buf: PinnedBuffer,
@@ -78,8 +60,6 @@ pub struct BounceRing<E: CopyEngine> {
     /// oldest still possibly running.
     next: usize,
     grow_failed: bool,
-    /// Buffers still being pinned in the background, if the ring grows that way.
-    growing: Option<Growing>,
     /// Chunks read and waits so far, for the trace (which shows only the first few).
     traced: (u32, u32),
     poisoned: bool,
@@ -148,7 +128,6 @@ impl<E: CopyEngine> BounceRing<E> {
             slots: Vec::with_capacity(depth),
             next: 0,
             grow_failed: false,
-            growing: None,
             traced: (0, 0),
             poisoned: false,
             stats: RingStats::default(),
@@ -257,12 +236,6 @@ impl<E: CopyEngine> BounceRing<E> {
         let mut i = self.next % self.slots.len();
         while done < len {
             let want = self.buffer_len.min(len - done);
-            if self.growing.is_some() {
-                // A buffer that arrived is free: use it next rather than wait for a busy one.
-                if self.adopt_grown() && self.slots[i].busy {
-                    i = self.slots.len() - 1;
-                }
-            }
             if let Err(e) = self.reclaim(i) {
                 first_error = Some(e);
                 break;
@@ -364,9 +337,6 @@ impl<E: CopyEngine> BounceRing<E> {
         // buffers in its own order.
         self.drain()?;
         self.grow();
-        if self.growing.is_some() {
-            self.adopt_grown();
-        }
         let b = self.buffer_len;
         let k = self.slots.len();
         let chunks = len.div_ceil(b);
@@ -512,64 +482,9 @@ impl<E: CopyEngine> BounceRing<E> {
         }
     }
 
-    /// Takes over the buffers pinned in the background since the last call, and returns
-    /// whether any arrived (the caller holds a binding). New buffers go at the end of the ring.
-    fn adopt_grown(&mut self) -> bool {
-        let mut adopted = false;
-        while let Some(growing) = &self.growing {
-            match growing.arrived.try_recv() {
-                Ok(Ok(Grown(buf))) => {
-                    let started = trace::start();
-                    match self.engine.create_event() {
-                        Ok(event) => {
-                            trace::record("event", started, 0);
-                            self.slots.push(Slot {
-                                buf,
-                                event,
-                                busy: false,
-                            });
-                            adopted = true;
-                            trace::record("adopt", trace::start(), self.slots.len() as u64);
-                        }
-                        Err(_) => {
-                            // SAFETY: the buffer came from this engine's `alloc_pinned` with
-                            // `alloc_len` bytes, no copy has used it, and it is freed once.
-                            let _ = unsafe { self.engine.free_pinned(buf.alloc, buf.alloc_len) };
-                            self.budget.give_back(self.buffer_len as u64);
-                            self.grow_failed = true;
-                        }
-                    }
-                }
-                Ok(Err(_)) => self.grow_failed = true,
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => self.growing = None,
-            }
-        }
-        adopted
-    }
-
-    /// Stops the background pinning and frees what it pinned that the ring has not taken over,
-    /// waiting for a buffer being pinned now (the caller holds a binding).
-    fn stop_growing(&mut self) {
-        let Some(growing) = self.growing.take() else {
-            return;
-        };
-        growing.stop.store(true, Ordering::Release);
-        // The job drops its sender when it stops, so this ends after at most one more buffer.
-        while let Ok(arrived) = growing.arrived.recv() {
-            if let Ok(Grown(buf)) = arrived {
-                // SAFETY: the buffer came from this engine's `alloc_pinned` with `alloc_len`
-                // bytes, the ring never used it, and it is freed once.
-                let _ = unsafe { self.engine.free_pinned(buf.alloc, buf.alloc_len) };
-                self.budget.give_back(self.buffer_len as u64);
-            }
-        }
-    }
-
-    /// Adds buffers up to the ring's depth while the budget allows (the caller holds a binding),
-    /// unless they are being pinned in the background.
+    /// Adds buffers up to the ring's depth while the budget allows (the caller holds a binding).
     fn grow(&mut self) {
-        while self.growing.is_none() && !self.grow_failed && self.slots.len() < self.depth {
+        while !self.grow_failed && self.slots.len() < self.depth {
             match self.add_slot(false) {
                 Ok(true) => {}
                 Ok(false) => break,
@@ -623,91 +538,6 @@ impl<E: CopyEngine> BounceRing<E> {
     }
 }
 
-impl<E: CopyEngine + Clone + Send + 'static> BounceRing<E> {
-    /// As [`new`](Self::new), but only the first buffer is pinned before the call returns: the
-    /// others are pinned on a background thread (one for the process, see `grower.rs`) and
-    /// join the ring between chunks as they arrive, so the first copies start without waiting
-    /// for them. The pinned cap is kept as by `new`: each later buffer is taken from the budget
-    /// before it is pinned.
-    ///
-    /// # Errors
-    /// As for [`new`](Self::new).
-    pub fn new_growing_in_background(
-        engine: E,
-        buffer_len: usize,
-        depth: usize,
-        budget: Arc<PinnedBudget>,
-    ) -> Result<BounceRing<E>> {
-        let started = trace::start();
-        let mut ring = BounceRing::with_first_buffer(engine, buffer_len, depth, budget)?;
-        let wanted = depth - ring.slots.len();
-        if wanted > 0 {
-            let (sender, arrived) = mpsc::channel();
-            let stop = Arc::new(AtomicBool::new(false));
-            let job = pin_in_background(
-                ring.engine.clone(),
-                ring.budget.clone(),
-                ring.buffer_len,
-                wanted,
-                sender,
-                stop.clone(),
-            );
-            match grower::submit(job) {
-                Ok(()) => ring.growing = Some(Growing { arrived, stop }),
-                Err(_) => {
-                    // No background thread: pin them now, as `new` does.
-                    let _bound = ring.engine.bind()?;
-                    ring.grow();
-                }
-            }
-        }
-        trace::record("ring", started, ring.slots.len() as u64);
-        Ok(ring)
-    }
-}
-
-/// The background job pinning `wanted` buffers of `len` bytes for one ring: each is taken from
-/// `budget` first and sent on `to_ring`; it stops at the first refusal, failure or `stop`, and a
-/// buffer the ring no longer takes (its receiver is gone) is freed here.
-fn pin_in_background<E: CopyEngine + Send + 'static>(
-    engine: E,
-    budget: Arc<PinnedBudget>,
-    len: usize,
-    wanted: usize,
-    to_ring: mpsc::Sender<Result<Grown>>,
-    stop: Arc<AtomicBool>,
-) -> grower::Job {
-    Box::new(move || {
-        let _bound = match engine.bind() {
-            Ok(bound) => bound,
-            Err(e) => {
-                let _ = to_ring.send(Err(e));
-                return;
-            }
-        };
-        for _ in 0..wanted {
-            if stop.load(Ordering::Acquire) || !budget.try_take(len as u64) {
-                return;
-            }
-            let buf = match alloc_buffer(&engine, len) {
-                Ok(buf) => buf,
-                Err(e) => {
-                    budget.give_back(len as u64);
-                    let _ = to_ring.send(Err(e));
-                    return;
-                }
-            };
-            if let Err(mpsc::SendError(Ok(Grown(buf)))) = to_ring.send(Ok(Grown(buf))) {
-                // SAFETY: the buffer came from this engine's `alloc_pinned` with `alloc_len`
-                // bytes; the ring never got it, so no copy has used it, and it is freed once.
-                let _ = unsafe { engine.free_pinned(buf.alloc, buf.alloc_len) };
-                budget.give_back(len as u64);
-                return;
-            }
-        }
-    })
-}
-
 /// A pinned buffer of `len` bytes starting on a page boundary, zero-filled (which also faults its
 /// pages in now rather than during the first read).
 fn alloc_buffer<E: CopyEngine>(engine: &E, len: usize) -> Result<PinnedBuffer> {
@@ -753,21 +583,13 @@ impl<E: CopyEngine> Drop for BounceRing<E> {
     fn drop(&mut self) {
         // Pinned bytes of a leaked ring stay counted: the memory is still held.
         if self.poisoned {
-            if let Some(growing) = self.growing.take() {
-                // Buffers it pins from now on are freed by the job itself (nobody receives them).
-                growing.stop.store(true, Ordering::Release);
-            }
             self.leak();
             return;
         }
         let Ok(_bound) = self.engine.bind() else {
-            if let Some(growing) = self.growing.take() {
-                growing.stop.store(true, Ordering::Release);
-            }
             self.leak();
             return;
         };
-        self.stop_growing();
         if let Some(stream) = &self.stream {
             if self.engine.wait_stream(stream).is_err() {
                 self.leak();

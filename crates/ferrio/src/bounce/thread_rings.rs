@@ -70,11 +70,7 @@ impl<E: CopyEngine + PartialEq> RingSet<E> {
             }
         }
         let budget = self.budget.clone();
-        let ring = if settings.bounce_grow_in_background {
-            BounceRing::new_growing_in_background(engine.clone(), buffer_len, depth, budget)?
-        } else {
-            BounceRing::new(engine.clone(), buffer_len, depth, budget)?
-        };
+        let ring = BounceRing::new(engine.clone(), buffer_len, depth, budget)?;
         self.rings.push(ring);
         let last = self.rings.len() - 1;
         Ok(&mut self.rings[last])
