@@ -2,8 +2,9 @@
 
 moto's S3 server (skipped without moto) for the S3 store, credentials and version checks; a
 small HTTP server of our own for the failure modes a real network has: a server that ignores
-Range, answers 503 before it succeeds, drops the connection mid-body, or replaces the object
-between requests. Every case ends in the right bytes or a clear error, within a time bound.
+Range, answers 503 before it succeeds, drops the connection mid-body, stalls mid-body (once, or
+for good), answers a range with another one, or replaces the object between requests. Every
+case ends in the right bytes or a clear error, within a time bound.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,6 +50,9 @@ class _Object:
         self.fail_503 = 0  # this many GETs answer 503 first
         self.drop_after = 0  # if >0: the next GET sends this many body bytes, then hangs up
         self.replace_after_gets = -1  # after this many GETs, the object changes
+        self.stalls = 0  # this many GETs send half their body, then stall for `stall_s`
+        self.stall_s = 0.0
+        self.shift_range = 0  # ranges are answered this many bytes later than asked (and say so)
         self.gets = 0
         self.lock = threading.Lock()
 
@@ -97,6 +102,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
             body, etag = obj.body, obj.etag
             drop, obj.drop_after = obj.drop_after, 0
+            stall = obj.stalls > 0
+            obj.stalls -= stall
         want = self.headers.get("If-Match")
         if want is not None and want != etag:
             self._headers(412, 0, {})
@@ -105,11 +112,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if rng and not obj.ignore_range and rng.startswith("bytes="):
             a, _, b = rng[len("bytes=") :].partition("-")
             start, end = int(a), min(int(b) + 1 if b else len(body), len(body))
+            if obj.shift_range and end + obj.shift_range <= len(body):
+                start, end = start + obj.shift_range, end + obj.shift_range
             part = body[start:end]
             self._headers(206, len(part), {"Content-Range": f"bytes {start}-{end - 1}/{len(body)}"})
         else:
             part = body
             self._headers(200, len(part), {})
+        if stall:
+            self.wfile.write(part[: len(part) // 2])
+            self.wfile.flush()
+            time.sleep(obj.stall_s)
+            self.close_connection = True
+            return
         if drop:
             self.wfile.write(part[:drop])
             self.wfile.flush()
@@ -193,6 +208,45 @@ def test_http_dropped_connection_mid_body(http_object: tuple[str, _Object]) -> N
     else:
         assert outcome[0] == obj.body
     assert obj.drop_after == 0
+
+
+def test_http_stalled_body_times_out_and_is_asked_again(http_object: tuple[str, _Object]) -> None:
+    """A GET whose body stops coming is cut at `remote_timeout` and asked again."""
+    url, obj = http_object
+    obj.stalls, obj.stall_s = 1, 8.0
+    with ferrio.config.set(remote_timeout="1s"):
+        f = ferrio.open_url(url, range_size="8MiB")
+        t0 = time.monotonic()
+        assert in_thread(lambda: _read_all(f)) == obj.body
+    assert time.monotonic() - t0 < 6.0, "waited for the stalled body instead of retrying"
+    assert obj.stalls == 0
+
+
+def test_http_server_stalling_for_good_is_a_clear_error(http_object: tuple[str, _Object]) -> None:
+    """Every GET sends half of what is left, then stalls: the read fails with `TimeoutError`
+    naming the URL once the retry budget is spent (each re-ask of the broken body counts), not
+    after one more round of retries per piece that arrived."""
+    url, obj = http_object
+    obj.stalls, obj.stall_s = 1000, 8.0
+    with ferrio.config.set(remote_timeout="1s", remote_retries=1, remote_retry_timeout="3s"):
+        f = ferrio.open_url(url, range_size="8MiB")
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"object\.bin"):
+            in_thread(lambda: _read_all(f))
+    # object_store resumes a body once (retries 1), ferrio asks once more: four 1 s timeouts.
+    assert time.monotonic() - t0 < 6.0
+    assert obj.gets <= 5, f"{obj.gets} GETs for a retry budget of 1"
+
+
+def test_http_range_answered_with_another_range_is_an_error(
+    http_object: tuple[str, _Object],
+) -> None:
+    """A 206 whose Content-Range is not the range asked for is refused, never copied in."""
+    url, obj = http_object
+    obj.shift_range = 1
+    f = ferrio.open_url(url, range_size="1MiB")
+    with pytest.raises(OSError, match=r"object\.bin"):
+        in_thread(lambda: _read_all(f))
 
 
 def test_http_object_replaced_between_requests(http_object: tuple[str, _Object]) -> None:

@@ -97,6 +97,7 @@ fn os_error(source: &std::io::Error, text: String, path: &std::path::Path) -> Py
         K::Interrupted => libc::EINTR,
         K::OutOfMemory => libc::ENOMEM,
         K::WriteZero => libc::ENOSPC,
+        K::TimedOut => libc::ETIMEDOUT,
         _ => libc::EIO,
     });
     PyOSError::new_err((errno, text, path.as_os_str().to_os_string()))

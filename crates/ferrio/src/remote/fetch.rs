@@ -2,10 +2,15 @@
 //! request carries `If-Match` (and the version id where the store has one), and the reply's
 //! ETag and range are checked too, so an object replaced mid-read is an error, never a mix of
 //! old and new bytes. A body that breaks off is asked again from where it stopped (the request
-//! itself is retried by object_store's `RetryConfig`).
+//! itself is retried by object_store's `RetryConfig`, which also resumes a broken body when the
+//! reply had an ETag). Those re-asks draw on the same budget as a request's retries: at most
+//! `remote_retries` of them, none started after `remote_retry_timeout` has passed since the
+//! range's first failure, so a server that sends a little and then stalls, again and again,
+//! fails within about that time rather than a multiple of it.
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use object_store::path::Path;
@@ -15,9 +20,6 @@ use crate::error::{Error, Op, Result};
 
 use super::store;
 
-/// Times a range whose body broke off is asked again from where it stopped.
-const BODY_RETRIES: usize = 3;
-
 /// The object a read is pinned to: where it is and which version of it.
 #[derive(Debug, Clone)]
 pub(crate) struct Pinned {
@@ -26,6 +28,11 @@ pub(crate) struct Pinned {
     pub url: Arc<str>,
     pub e_tag: Option<String>,
     pub version: Option<String>,
+    /// Most times one range's broken body is asked again (`remote_retries`).
+    pub retries: usize,
+    /// No range is asked again once this long has passed since its first failure
+    /// (`remote_retry_timeout`).
+    pub retry_timeout: Duration,
 }
 
 impl Pinned {
@@ -58,6 +65,7 @@ impl Pinned {
     ) -> Result<()> {
         let mut done = 0usize;
         let mut body_failures = 0usize;
+        let mut first_failure: Option<Instant> = None;
         while done < dst.len() {
             let want = range.start + done as u64..range.end;
             let got = self
@@ -111,7 +119,8 @@ impl Pinned {
             if done < dst.len() {
                 // The body broke off (or ended early): ask again for what is missing.
                 body_failures += 1;
-                if body_failures > BODY_RETRIES {
+                let since = *first_failure.get_or_insert_with(Instant::now);
+                if body_failures > self.retries || since.elapsed() >= self.retry_timeout {
                     let source = match broke {
                         Some(e) => store::io_error(e),
                         None => std::io::Error::new(

@@ -237,6 +237,8 @@ impl RemoteFile {
             url: self.inner.url.clone(),
             e_tag: self.inner.e_tag.clone(),
             version: self.inner.version.clone(),
+            retries: settings.remote_retries,
+            retry_timeout: settings.remote_retry_timeout,
         };
         Ok((pinned, slot.in_flight.clone()))
     }

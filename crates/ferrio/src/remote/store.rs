@@ -344,8 +344,29 @@ pub(crate) fn io_error(e: object_store::Error) -> io::Error {
             format!("access denied: {source}"),
         ),
         E::Precondition { .. } | E::NotModified { .. } => changed("the store refused the read"),
+        other if timed_out(&other) => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("timed out ({other}; see remote_timeout)"),
+        ),
         other => io::Error::other(other.to_string()),
     }
+}
+
+/// Whether a request's error came from a timeout: some error of its chain says so.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        let timeout = e
+            .downcast_ref::<object_store::client::HttpError>()
+            .is_some_and(|h| h.kind() == object_store::client::HttpErrorKind::Timeout)
+            || e.downcast_ref::<io::Error>()
+                .is_some_and(|io| io.kind() == io::ErrorKind::TimedOut);
+        if timeout {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// The error for an object that is no longer the one opened.
