@@ -404,8 +404,11 @@ class Allocation:
 # (data_start, metadata or None, [(name, dtype, shape, begin, end)]), offsets in the data section.
 _Header = tuple[int, dict[str, str] | None, list[tuple[str, str, list[int], int, int]]]
 
-def safetensors_read_header(path: _Path) -> _Header:
-    """Read and validate the header of a safetensors file, or of the object at a URL str."""
+def safetensors_read_header(path: _Path | File | RemoteFile) -> _Header:
+    """Read and validate the header of a safetensors file.
+
+    From an open File or RemoteFile (whose later reads see the same version), a path, or a URL.
+    """
 
 def safetensors_parse_header(data: bytes) -> _Header:
     """Validate the header at the start of the bytes of a whole safetensors file."""

@@ -150,11 +150,13 @@ def test_index_pointing_at_the_wrong_file(tmp_path):
 
 
 class Recorder:
-    """Stands in for ferrio.open and records every (offset, size) read of tensor bytes."""
+    """Stands in for ferrio.open and records every (offset, size) read of tensor bytes (the
+    header is read through the real file the proxy wraps, and not counted)."""
 
     def __init__(self, monkeypatch):
         self.reads: list[tuple[int, int]] = []
         real = ferrio.open
+        real_header = fs.safetensors_read_header
         rec = self
 
         class Proxy:
@@ -169,6 +171,9 @@ class Recorder:
                 self.f.close()
 
         monkeypatch.setattr(ferrio, "open", Proxy)
+        monkeypatch.setattr(
+            fs, "safetensors_read_header", lambda h: real_header(h.f if isinstance(h, Proxy) else h)
+        )
 
     @property
     def nbytes(self) -> int:
@@ -185,6 +190,37 @@ def test_tensor_filter_reads_only_selected_bytes(tmp_path, monkeypatch):
     assert sorted(got) == ["layer.1.w", "layer.3.w"]
     assert_same(got, {k: d[k] for k in got})
     assert rec.nbytes == 2 * 256 * 256 * 4
+
+
+def test_a_file_replaced_after_opening_is_read_as_opened(tmp_path):
+    """A new checkpoint renamed over the one opened (as trainers save) is not read with the old
+    header's offsets: every read goes to the file whose header was read."""
+    old = {"a": sample("float32", (100,), 1), "b": sample("float32", (300,), 2)}
+    new = {"b": sample("float32", (10,), 3), "a": sample("float32", (1000,), 4)}
+    p = tmp_path / "m.safetensors"
+    sn.save_file(old, p)
+    with fs.safe_open(p, "numpy") as f:
+        sn.save_file(new, tmp_path / "next.safetensors")
+        os.replace(tmp_path / "next.safetensors", p)
+        np.testing.assert_array_equal(f.get_tensor("a"), old["a"])
+        assert_same(f.get_tensors(), old)
+        assert_same(dict(f.tensors()), old)
+        np.testing.assert_array_equal(f.get_slice("b")[5:7], old["b"][5:7])
+    assert_same(fsn.load_file(p), new)
+
+
+def test_reading_after_close_is_an_error(tmp_path):
+    d = {"a": sample("float32", (100,), 1)}
+    p = tmp_path / "m.safetensors"
+    sn.save_file(d, p)
+    with fs.safe_open(p, "numpy") as f:
+        a = f.get_tensor("a")
+    np.testing.assert_array_equal(a, d["a"])  # what was returned stays valid
+    assert f.keys() == ["a"]
+    with pytest.raises(SafetensorError, match="closed"):
+        f.get_tensor("a")
+    with pytest.raises(SafetensorError, match="closed"):
+        f.get_tensors()
 
 
 def test_get_slice_reads_only_needed_rows(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ bit-identical to ferrio loading the local file, and every error must name the UR
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.server
 import json
 import os
@@ -59,7 +60,8 @@ def checkpoint_dir(tmp_path: Path) -> Path:
 
 
 class _Files(http.server.BaseHTTPRequestHandler):
-    """Serves the files of `root` with Range, ETag and If-Match, as object stores do."""
+    """Serves the files of `root` with Range, ETag (of the content) and If-Match, as object
+    stores do."""
 
     protocol_version = "HTTP/1.1"
     root: Path
@@ -71,10 +73,12 @@ class _Files(http.server.BaseHTTPRequestHandler):
         p = self.root / self.path.lstrip("/")
         return p.read_bytes() if p.is_file() else None
 
-    def _head(self, status: int, length: int, extra: dict[str, str]) -> None:
+    def _head(
+        self, status: int, length: int, extra: dict[str, str], body: bytes | None = None
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Length", str(length))
-        self.send_header("ETag", '"v1"')
+        self.send_header("ETag", _etag(body or b""))
         self.send_header("Last-Modified", "Mon, 23 Nov 2026 10:00:00 GMT")
         for k, v in extra.items():
             self.send_header(k, v)
@@ -82,23 +86,31 @@ class _Files(http.server.BaseHTTPRequestHandler):
 
     def do_HEAD(self) -> None:
         body = self._file()
-        self._head(404 if body is None else 200, 0 if body is None else len(body), {})
+        self._head(404 if body is None else 200, 0 if body is None else len(body), {}, body)
 
     def do_GET(self) -> None:
         body = self._file()
         if body is None:
             self._head(404, 0, {})
             return
+        want = self.headers.get("If-Match")
+        if want is not None and want != _etag(body):
+            self._head(412, 0, {}, body)
+            return
         rng = self.headers.get("Range", "")
         if not rng.startswith("bytes="):
-            self._head(200, len(body), {})
+            self._head(200, len(body), {}, body)
             self.wfile.write(body)
             return
         a, _, b = rng[len("bytes=") :].partition("-")
         start, end = int(a), min(int(b) + 1 if b else len(body), len(body))
         part = body[start:end]
-        self._head(206, len(part), {"Content-Range": f"bytes {start}-{end - 1}/{len(body)}"})
+        self._head(206, len(part), {"Content-Range": f"bytes {start}-{end - 1}/{len(body)}"}, body)
         self.wfile.write(part)
+
+
+def _etag(body: bytes) -> str:
+    return '"' + hashlib.md5(body).hexdigest() + '"'
 
 
 @pytest.fixture
@@ -130,6 +142,20 @@ def test_http_file_is_bit_identical_to_the_local_file(http_base: str, checkpoint
     _same(streamed, _tensors(1))
     only = fst.load_file(url, tensor_filter=["layers.*"])
     assert sorted(only) == ["layers.0.b", "layers.0.w", "layers.1.w"]
+
+
+def test_an_object_replaced_after_opening_is_an_error(http_base: str, checkpoint_dir: Path) -> None:
+    """Reads stay pinned to the version whose header was read: a checkpoint replaced after
+    opening (same size, other bytes) is an error naming the URL, never its bytes under the old
+    header."""
+    url = f"{http_base}/model.safetensors"
+    with fst.safe_open(url, framework="numpy") as f:
+        local = checkpoint_dir / "model.safetensors"
+        st_numpy.save_file(_tensors(7), str(local), metadata={"k": "v"})
+        with pytest.raises(OSError, match=r"model\.safetensors") as e:
+            f.get_tensor("embed.weight")
+        assert "changed" in str(e.value)
+    _same(fst.load_file(url), _tensors(7))
 
 
 def test_http_sharded_index_loads_every_shard(http_base: str, checkpoint_dir: Path) -> None:

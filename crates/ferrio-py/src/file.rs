@@ -38,7 +38,7 @@ impl File {
     }
 
     /// A handle to the open file (cheap: descriptors are shared), or the closed-file error.
-    fn handle(&self) -> PyResult<ferrio::File> {
+    pub(crate) fn handle(&self) -> PyResult<ferrio::File> {
         self.lock().clone().ok_or_else(closed_file)
     }
 

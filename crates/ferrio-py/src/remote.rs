@@ -38,7 +38,8 @@ impl RemoteFile {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn handle(&self) -> PyResult<ferrio::RemoteFile> {
+    /// A handle to the open object (cheap: shared), or the closed-file error.
+    pub(crate) fn handle(&self) -> PyResult<ferrio::RemoteFile> {
         self.lock().clone().ok_or_else(closed_file)
     }
 

@@ -37,10 +37,9 @@ fn to_py(h: Header) -> PyHeader {
 /// about 100 bytes per tensor), so one round trip usually suffices.
 const FIRST_GET: usize = 256 << 10;
 
-/// Reads and validates the header of the safetensors object at `url` with ranged GETs: the
-/// first [`FIRST_GET`] bytes, then the rest of the header if it is longer.
-fn read_remote_header(url: &str) -> ferrio::Result<Header> {
-    let object = RemoteFile::open(url)?;
+/// Reads and validates the header of the safetensors object `object` (opened from `url`) with
+/// ranged GETs: the first [`FIRST_GET`] bytes, then the rest of the header if it is longer.
+fn read_remote_header(object: &RemoteFile, url: &str) -> ferrio::Result<Header> {
     let at_url = |e: Error| match e {
         Error::Safetensors { tensor, rule, .. } => Error::Safetensors {
             path: PathBuf::from(url),
@@ -65,19 +64,33 @@ fn read_remote_header(url: &str) -> ferrio::Result<Header> {
     Header::parse(&prefix, object.len()).map_err(at_url)
 }
 
-/// Reads and validates the header of the safetensors file at `path`, or of the object at a
-/// remote URL (a `str` that `ferrio.is_remote_url` accepts).
+/// Reads and validates the header of a safetensors file: an open `ferrio.File` or
+/// `ferrio.RemoteFile` (whose later reads then see the same file or object version), the file
+/// at a path, or the object at a remote URL (a `str` that `ferrio.is_remote_url` accepts).
 #[pyfunction]
 pub(crate) fn safetensors_read_header(
     py: Python<'_>,
     path: &Bound<'_, PyAny>,
 ) -> PyResult<PyHeader> {
+    if let Ok(open) = path.cast::<crate::file::File>() {
+        let file = open.get().handle()?;
+        let h = without_gil(py, || Header::read(&file))?;
+        return Ok(to_py(h.map_err(to_pyerr)?));
+    }
+    if let Ok(open) = path.cast::<crate::remote::RemoteFile>() {
+        let object = open.get().handle()?;
+        let url = object.url().to_string();
+        let h = without_gil(py, || read_remote_header(&object, &url))?;
+        return Ok(to_py(h.map_err(to_pyerr)?));
+    }
     let url = path
         .extract::<String>()
         .ok()
         .filter(|p| ferrio::remote::is_remote_url(p));
     let h = match url {
-        Some(url) => without_gil(py, || read_remote_header(&url))?,
+        Some(url) => without_gil(py, || {
+            RemoteFile::open(&url).and_then(|object| read_remote_header(&object, &url))
+        })?,
         None => {
             let path = crate::paths::fs_path(path)?;
             without_gil(py, || Header::read_path(&path))?

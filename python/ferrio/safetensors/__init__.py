@@ -148,7 +148,12 @@ def _shard_files(
 
 
 class _Checkpoint:
-    """Every tensor of one file or a set of shards, validated, after `tensor_filter`."""
+    """Every tensor of one file or a set of shards, validated, after `tensor_filter`.
+
+    Each file is opened once, here, and every later read goes through that handle: a file
+    replaced meanwhile (a new checkpoint renamed over the old) is never read with the old
+    header's offsets, and an object's reads stay pinned to the version whose header was read.
+    """
 
     def __init__(
         self, path: PathLike | Sequence[PathLike], tensor_filter: Sequence[str] | None
@@ -157,11 +162,25 @@ class _Checkpoint:
         if isinstance(tensor_filter, str):
             tensor_filter = [tensor_filter]
         self.files = files
+        self.handles: dict[str, ferrio.File | ferrio.RemoteFile] = {}
+        try:
+            self._read_headers(files, weight_map, tensor_filter)
+        except BaseException:
+            self.close()
+            raise
+
+    def _read_headers(
+        self,
+        files: list[str],
+        weight_map: dict[str, str] | None,
+        tensor_filter: Sequence[str] | None,
+    ) -> None:
         self.metadata: dict[str, str] | None = None
         self.tensors: dict[str, _Tensor] = {}
         self.order: list[str] = []  # file order, then offset order
         for i, file in enumerate(files):
-            start, meta, entries = safetensors_read_header(file)
+            handle = self.handles[file] = ferrio.open(file, "r")
+            start, meta, entries = safetensors_read_header(handle)
             if i == 0:
                 self.metadata = meta
             for name, dtype, shape, begin, end in entries:
@@ -191,6 +210,10 @@ class _Checkpoint:
                     f"tensor {missing[0]!r}: the index maps it to {weight_map[missing[0]]}, "
                     "which does not hold it"
                 )
+
+    def close(self) -> None:
+        for handle in self.handles.values():
+            handle.close()
 
 
 def _layout(tensors: list[_Tensor]) -> tuple[list[_Run], dict[str, int], int]:
@@ -222,21 +245,21 @@ class _Load:
     (`piece` bytes per rank); the padding is never part of a view.
     """
 
-    def __init__(self, fw: Framework, tensors: list[_Tensor], world: int = 1) -> None:
+    def __init__(
+        self, fw: Framework, ckpt: _Checkpoint, tensors: list[_Tensor], world: int = 1
+    ) -> None:
         self.fw = fw
+        self.files = ckpt.handles
         self.runs, self.at, size = _layout(tensors)
         padded, self.piece = _dist.shares(size, world)
         self.buf = fw.empty(padded)
-        self.files: dict[str, ferrio.File | ferrio.RemoteFile] = {}
 
     def start(self, runs: Sequence[tuple[str, int, int, int]]) -> list[ferrio.IOFuture]:
         futures = []
         for path, begin, end, at in runs:
             if end == begin:
                 continue
-            f = self.files.get(path)
-            if f is None:
-                f = self.files[path] = ferrio.open(path, "r")
+            f = self.files[path]
             futures.append(f.pread(self.fw.target(self.buf, at, at + end - begin), offset=begin))
         return futures
 
@@ -258,23 +281,18 @@ class _Load:
         at = self.at[t.name]
         return self.fw.view(self.buf, at, at + t.nbytes, t.dtype, t.shape)
 
-    def close(self) -> None:
-        for f in self.files.values():
-            f.close()
 
-
-def _load(fw: Framework, tensors: list[_Tensor]) -> dict[str, Any]:
+def _load(fw: Framework, ckpt: _Checkpoint, tensors: list[_Tensor]) -> dict[str, Any]:
     for t in tensors:
         fw.check_dtype(t.name, t.dtype)
-    load = _Load(fw, tensors)
-    try:
-        load.wait(load.start(load.runs), load.runs)
-        return {t.name: load.view(t) for t in tensors}
-    finally:
-        load.close()
+    load = _Load(fw, ckpt, tensors)
+    load.wait(load.start(load.runs), load.runs)
+    return {t.name: load.view(t) for t in tensors}
 
 
-def _load_shared(fw: Framework, tensors: list[_Tensor], group: _dist.Group) -> dict[str, Any]:
+def _load_shared(
+    fw: Framework, ckpt: _Checkpoint, tensors: list[_Tensor], group: _dist.Group
+) -> dict[str, Any]:
     """Load `tensors` on every rank of `group`, each reading only its piece of the buffer.
 
     Every rank reports whether its reads succeeded before the exchange, so a failure on one
@@ -283,15 +301,12 @@ def _load_shared(fw: Framework, tensors: list[_Tensor], group: _dist.Group) -> d
     err: Exception | None = None
     load: _Load | None = None
     try:
-        load = _Load(fw, tensors, group.world)
+        load = _Load(fw, ckpt, tensors, group.world)
         lo = group.rank * load.piece
         mine = _dist.rank_runs(load.runs, lo, lo + load.piece)
         load.wait(load.start(mine), mine)
     except Exception as e:  # told to every rank below, then raised here
         err = e
-    finally:
-        if load is not None:
-            load.close()
     why = _dist.read_failure(group.all_gather_bytes(b"\x01" if err is not None else b"\x00"))
     if err is not None:
         raise err
@@ -413,6 +428,8 @@ class safe_open:  # the name of safetensors' class
         except Exception as e:  # told to every rank below, then raised here
             err, digest = e, _dist.FAILED
         why = _dist.disagreement(group.all_gather_bytes(digest))
+        if err is not None or why is not None:
+            self.close()
         if err is not None:
             raise err
         if why is not None:
@@ -426,7 +443,22 @@ class safe_open:  # the name of safetensors' class
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        self.close()
+
+    def close(self) -> None:
+        """Close the files; leaving the ``with`` block does it.
+
+        Tensors already returned stay valid; reading more raises :class:`SafetensorError`.
+        """
+        ckpt = getattr(self, "_ckpt", None)
+        if ckpt is not None:
+            ckpt.close()
+            self._closed = True
+
+    def _open_ckpt(self) -> _Checkpoint:
+        if getattr(self, "_closed", False):
+            raise SafetensorError("File is closed")
+        return self._ckpt
 
     def keys(self) -> list[str]:
         """Return the tensor names, sorted (as safetensors)."""
@@ -447,7 +479,7 @@ class safe_open:  # the name of safetensors' class
         return t
 
     def _read(self, t: _Tensor) -> Any:
-        return _load(self._fw, [t])[t.name]
+        return _load(self._fw, self._open_ckpt(), [t])[t.name]
 
     def get_tensor(self, name: str) -> Any:
         """Read one tensor into memory of its own."""
@@ -463,9 +495,10 @@ class safe_open:  # the name of safetensors' class
         With a ``process_group`` this is collective: each rank reads its piece, then the
         ranks exchange them (see the class).
         """
+        ckpt = self._open_ckpt()
         if self._group is not None:
-            return _load_shared(self._fw, self._ordered(), self._group)
-        return _load(self._fw, self._ordered())
+            return _load_shared(self._fw, ckpt, self._ordered(), self._group)
+        return _load(self._fw, ckpt, self._ordered())
 
     def tensors(self) -> Iterator[tuple[str, Any]]:
         """Yield ``(name, tensor)`` in file order as each tensor's bytes arrive.
@@ -477,10 +510,11 @@ class safe_open:  # the name of safetensors' class
         if self._group is not None:
             yield from self.get_tensors().items()
             return
+        ckpt = self._open_ckpt()
         ts = self._ordered()
         for t in ts:
             self._fw.check_dtype(t.name, t.dtype)
-        load = _Load(self._fw, ts)
+        load = _Load(self._fw, ckpt, ts)
         pending: list[tuple[_Tensor, list[ferrio.IOFuture], tuple[str, int, int, int]]] = []
         in_flight = 0
         try:
@@ -500,7 +534,6 @@ class safe_open:  # the name of safetensors' class
         finally:
             if pending:
                 ferrio.wait([f for _, fs, _ in pending for f in fs])
-            load.close()
 
 
 def load_file(
