@@ -223,6 +223,24 @@ def test_reading_after_close_is_an_error(tmp_path):
         f.get_tensors()
 
 
+def test_streaming_reads_small_neighbours_together(tmp_path, monkeypatch):
+    """tensors() yields in file order, every tensor right, with one read per run of small
+    neighbours (up to 4 MiB) and one per large tensor, not one per tensor."""
+    d = {f"small.{i:04d}": sample("float32", (256,), i) for i in range(3000)}  # 3 MB
+    d["zbig"] = sample("uint8", (5 << 20,), 1)
+    d["zsmall"] = sample("float32", (7,), 2)
+    p = tmp_path / "m.safetensors"
+    sn.save_file(d, p)
+    rec = Recorder(monkeypatch)
+    with fs.safe_open(p, "numpy") as f:
+        order = f.offset_keys()
+        streamed = list(f.tensors())
+    assert [n for n, _ in streamed] == order
+    assert_same(dict(streamed), d)
+    assert rec.nbytes == sum(v.nbytes for v in d.values())
+    assert len(rec.reads) <= 4, rec.reads
+
+
 def test_get_slice_reads_only_needed_rows(tmp_path, monkeypatch):
     w = sample("float32", (1000, 64), 4)
     p = tmp_path / "m.safetensors"

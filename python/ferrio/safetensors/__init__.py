@@ -40,6 +40,7 @@ import contextlib
 import fnmatch
 import json
 import os
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -74,6 +75,10 @@ PathLike = str | os.PathLike[str]
 # Bytes in flight at once while tensors() yields: enough to keep every worker busy, small
 # enough that the first tensors arrive early (reads of one pool share its workers round-robin).
 _STREAM_WINDOW_BYTES = 256 << 20
+# Small tensors that follow one another are read together, up to this many bytes, by
+# `safe_open.tensors()`: one read per tensor cost ~29 us each (50,000 tensors of 4 KiB: 1.45 s
+# against 0.44 s for the whole file at once).
+_STREAM_BATCH_BYTES = 4 << 20
 
 
 _Run = tuple[str, int, int, int]  # path, file begin, file end, where in the buffer
@@ -515,25 +520,51 @@ class safe_open:  # the name of safetensors' class
         for t in ts:
             self._fw.check_dtype(t.name, t.dtype)
         load = _Load(self._fw, ckpt, ts)
-        pending: list[tuple[_Tensor, list[ferrio.IOFuture], tuple[str, int, int, int]]] = []
+        batches = _batches(ts, _STREAM_BATCH_BYTES)
+        pending: deque[tuple[list[_Tensor], list[ferrio.IOFuture], _Run]] = deque()
         in_flight = 0
         try:
             i = 0
-            while i < len(ts) or pending:
-                while i < len(ts) and (in_flight < _STREAM_WINDOW_BYTES or not pending):
-                    t = ts[i]
-                    at = load.at[t.name]
-                    run = (t.path, t.begin, t.end, at)
-                    pending.append((t, load.start([run]), run))
-                    in_flight += t.nbytes
+            while i < len(batches) or pending:
+                while i < len(batches) and (in_flight < _STREAM_WINDOW_BYTES or not pending):
+                    batch = batches[i]
+                    first, last = batch[0], batch[-1]
+                    run = (first.path, first.begin, last.end, load.at[first.name])
+                    pending.append((batch, load.start([run]), run))
+                    in_flight += last.end - first.begin
                     i += 1
-                t, futures, run = pending.pop(0)
+                batch, futures, run = pending.popleft()
                 load.wait(futures, [run])
-                in_flight -= t.nbytes
-                yield t.name, load.view(t)
+                in_flight -= run[2] - run[1]
+                for t in batch:
+                    yield t.name, load.view(t)
         finally:
             if pending:
                 ferrio.wait([f for _, fs, _ in pending for f in fs])
+
+
+def _batches(ts: list[_Tensor], most: int) -> list[list[_Tensor]]:
+    """Cut `ts` (in file order) into batches read with one pread each.
+
+    A batch is tensors that follow one another in one file, up to `most` bytes; a larger
+    tensor is a batch of its own.
+    """
+    batches: list[list[_Tensor]] = []
+    size = 0
+    for t in ts:
+        last = batches[-1][-1] if batches else None
+        if (
+            last is not None
+            and last.path == t.path
+            and last.end == t.begin
+            and size + t.nbytes <= most
+        ):
+            batches[-1].append(t)
+            size += t.nbytes
+        else:
+            batches.append([t])
+            size = t.nbytes
+    return batches
 
 
 def load_file(
