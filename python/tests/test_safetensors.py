@@ -167,6 +167,10 @@ class Recorder:
                 rec.reads.append((offset, memoryview(buf).nbytes))
                 return self.f.pread(buf, size, offset)
 
+            def read(self, buf, size=None, offset=0):
+                rec.reads.append((offset, memoryview(buf).nbytes))
+                return self.f.read(buf, size, offset)
+
             def close(self):
                 self.f.close()
 

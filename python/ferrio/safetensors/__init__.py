@@ -277,14 +277,33 @@ class _Load:
             [r for r in runs if r[2] > r[1]], got, want, strict=True
         ):
             if g != w:
-                raise SafetensorError(
-                    f"invalid safetensors file {path}: truncated, {g} of {w} bytes at "
-                    f"offset {begin}"
-                )
+                raise _truncated(path, g, w, begin)
 
     def view(self, t: _Tensor) -> Any:
         at = self.at[t.name]
         return self.fw.view(self.buf, at, at + t.nbytes, t.dtype, t.shape)
+
+
+def _truncated(path: str, got: int, want: int, begin: int) -> SafetensorError:
+    return SafetensorError(
+        f"invalid safetensors file {path}: truncated, {got} of {want} bytes at offset {begin}"
+    )
+
+
+def _load_one(fw: Framework, ckpt: _Checkpoint, t: _Tensor) -> Any:
+    """Read one tensor into memory of its own, placed as `_Load` would place it.
+
+    One plain read and no load object: a loop of `get_tensor` calls over many small tensors
+    pays no more than it must.
+    """
+    fw.check_dtype(t.name, t.dtype)
+    at = t.begin % 8
+    buf = fw.empty(at + t.nbytes)
+    if t.nbytes:
+        got = ckpt.handles[t.path].read(fw.target(buf, at, at + t.nbytes), offset=t.begin)
+        if got != t.nbytes:
+            raise _truncated(t.path, got, t.nbytes, t.begin)
+    return fw.view(buf, at, at + t.nbytes, t.dtype, t.shape)
 
 
 def _load(fw: Framework, ckpt: _Checkpoint, tensors: list[_Tensor]) -> dict[str, Any]:
@@ -484,7 +503,7 @@ class safe_open:  # the name of safetensors' class
         return t
 
     def _read(self, t: _Tensor) -> Any:
-        return _load(self._fw, self._open_ckpt(), [t])[t.name]
+        return _load_one(self._fw, self._open_ckpt(), t)
 
     def get_tensor(self, name: str) -> Any:
         """Read one tensor into memory of its own."""
