@@ -273,10 +273,56 @@ def test_save_file_is_atomic(tmp_path):
         fsn.save_file({"a": np.zeros(2), "z": np.zeros(2, dtype=np.complex128)}, p)
     assert p.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["m.safetensors"]
-    fsn.save_file({"a": np.zeros(2)}, p, fsync=True) if False else fs.save_file(
-        {"a": np.zeros(2)}, p, fsync=True
-    )
+    fs.save_file({"a": np.zeros(2)}, p, fsync=True)
     assert_same(sn.load_file(p), {"a": np.zeros(2)})
+    assert os.listdir(tmp_path) == ["m.safetensors"]
+
+
+def test_save_file_writes_through_a_symlink_and_keeps_the_mode(tmp_path):
+    """As safetensors (open(..., "wb")) and cp: a symlink stays, the file it names gets the new
+    bytes and keeps its permission bits."""
+    (tmp_path / "blobs").mkdir()
+    blob = tmp_path / "blobs" / "abc123"
+    blob.write_bytes(b"old")
+    blob.chmod(0o640)
+    link = tmp_path / "model.safetensors"
+    link.symlink_to(blob)
+    d = {"a": sample("float32", (10,), 1)}
+    fsn.save_file(d, link)
+    assert link.is_symlink() and os.readlink(link) == str(blob)
+    assert_same(sn.load_file(blob), d)
+    assert blob.stat().st_mode & 0o777 == 0o640
+    assert sorted(os.listdir(tmp_path / "blobs")) == ["abc123"]
+    # A dangling link makes the file it names, as open() would.
+    dangling = tmp_path / "new.safetensors"
+    dangling.symlink_to(tmp_path / "blobs" / "def456")
+    fsn.save_file(d, dangling)
+    assert_same(sn.load_file(tmp_path / "blobs" / "def456"), d)
+
+
+def test_threads_saving_one_name_at_once_each_write_their_own(tmp_path):
+    """Concurrent saves to one name never share a temporary file: the result is one whole
+    checkpoint of one of them, and nothing is left beside it."""
+    import threading
+
+    p = tmp_path / "m.safetensors"
+    dicts = [{"w": sample("float32", (64, 1024), i)} for i in range(6)]
+    errors: list[BaseException] = []
+
+    def save(d: dict) -> None:
+        try:
+            fsn.save_file(d, p)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=save, args=(d,)) for d in dicts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    got = sn.load_file(p)
+    assert any(got["w"].tobytes() == d["w"].tobytes() for d in dicts)
     assert os.listdir(tmp_path) == ["m.safetensors"]
 
 

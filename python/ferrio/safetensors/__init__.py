@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import itertools
 import json
 import os
+import stat
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -79,6 +81,10 @@ _STREAM_WINDOW_BYTES = 256 << 20
 # `safe_open.tensors()`: one read per tensor cost ~29 us each (50,000 tensors of 4 KiB: 1.45 s
 # against 0.44 s for the whole file at once).
 _STREAM_BATCH_BYTES = 4 << 20
+
+# Numbers the temporary files of `save_file`, so that threads saving to one name at once each
+# write their own (`next` on a count is atomic under the GIL).
+_save_ids = itertools.count()
 
 
 _Run = tuple[str, int, int, int]  # path, file begin, file end, where in the buffer
@@ -664,14 +670,18 @@ def save_file(
     """Write `tensors` to `filename`, bytes identical to ``safetensors``' own ``save_file``.
 
     Every tensor is written in parallel straight from its memory (host, or GPU through ferrio's
-    bounce buffers) into ``.NAME.ferrio-tmp-PID`` beside the target, flushed to the device when
-    `fsync` is true, then renamed over `filename`; on any error the temporary file is removed
-    and `filename` is untouched. Tensors must not be modified while the call runs.
+    bounce buffers) into ``.NAME.ferrio-tmp-PID-N`` beside the target, flushed to the device
+    when `fsync` is true, then renamed over `filename`; on any error the temporary file is
+    removed and `filename` is untouched. A `filename` that is a symlink is written through, as
+    ``safetensors`` and ``cp`` do: the file it names is replaced. A file replaced keeps its
+    permission bits; other hard links to it keep the old bytes. Tensors must not be modified
+    while the call runs.
     """
     header, parts = _prepare(tensors, metadata)
-    target = os.fspath(filename)
+    target = os.path.realpath(os.fspath(filename))
     tmp = os.path.join(
-        os.path.dirname(target), f".{os.path.basename(target)}.ferrio-tmp-{os.getpid()}"
+        os.path.dirname(target),
+        f".{os.path.basename(target)}.ferrio-tmp-{os.getpid()}-{next(_save_ids)}",
     )
     try:
         with ferrio.File(tmp, "w") as f:  # a local name: never a URL
@@ -680,6 +690,10 @@ def save_file(
             ferrio.wait(futures)
             if fsync:
                 f.sync()
+        with contextlib.suppress(FileNotFoundError):
+            old = os.stat(target)
+            if stat.S_ISREG(old.st_mode):
+                os.chmod(tmp, stat.S_IMODE(old.st_mode))
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
