@@ -328,6 +328,25 @@ def test_copy_local_to_s3_and_back(s3: Any, tmp_path: Path) -> None:
     assert (into / "src.bin").read_bytes() == data
 
 
+def test_download_writes_through_a_symlink_as_a_local_copy_does(s3: Any, tmp_path: Path) -> None:
+    data = remote_data(PART + 7, seed=14)
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="linked.bin", Body=data)
+    url = f"s3://{s3.ferrio_bucket}/linked.bin"
+    target = tmp_path / "target.bin"
+    target.write_bytes(b"old")
+    link = tmp_path / "link.bin"
+    link.symlink_to(target)
+    in_thread(lambda: ferrio.copy(url, link))
+    assert link.is_symlink() and target.read_bytes() == data
+    # As `cp`: a dangling symlink is not followed into a new file.
+    dangling = tmp_path / "dangling.bin"
+    dangling.symlink_to(tmp_path / "nowhere.bin")
+    with pytest.raises(OSError, match="dangling"):
+        in_thread(lambda: ferrio.copy(url, dangling))
+    assert not (tmp_path / "nowhere.bin").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.bin", "link.bin", "target.bin"]
+
+
 def test_copy_s3_to_s3_same_and_other_bucket(s3: Any) -> None:
     data = remote_data(PART + 5, seed=12)
     s3.put_object(Bucket=s3.ferrio_bucket, Key="a.bin", Body=data)

@@ -181,52 +181,50 @@ impl Copier<'_> {
     }
 }
 
-impl Copier<'_> {
-    /// Where a regular file's copy is renamed to, given what is at its destination now.
-    ///
-    /// As with GNU cp: a symlink to a file is written through (the copy replaces the link's
-    /// target, and the link stays); a dangling symlink is refused rather than followed into a
-    /// new file; an existing file this process may not write is refused, because renaming over
-    /// it would replace a file whose permissions forbid writing it.
-    pub(super) fn write_target(&self, e: &Entry, existing: Option<&Metadata>) -> Result<PathBuf> {
-        let Some(existing) = existing else {
-            return Ok(e.dst.clone());
-        };
-        let target = if existing.file_type().is_symlink() {
-            match fs::canonicalize(&e.dst) {
-                Ok(t) => t,
-                Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                    return Err(Error::Fs {
-                        action: "not writing through dangling symlink",
-                        path: e.dst.clone(),
-                        source: err,
-                    })
-                }
-                Err(source) => {
-                    return Err(Error::Fs {
-                        action: "resolve symlink",
-                        path: e.dst.clone(),
-                        source,
-                    })
-                }
+/// Where a regular file's copy is renamed to, given what is at its destination `dst` now.
+///
+/// As with GNU cp: a symlink to a file is written through (the copy replaces the link's target,
+/// and the link stays); a dangling symlink is refused rather than followed into a new file; an
+/// existing file this process may not write is refused, because renaming over it would replace
+/// a file whose permissions forbid writing it. Local copies and downloads both ask here.
+pub(super) fn write_target(dst: &Path, existing: Option<&Metadata>) -> Result<PathBuf> {
+    let Some(existing) = existing else {
+        return Ok(dst.to_path_buf());
+    };
+    let target = if existing.file_type().is_symlink() {
+        match fs::canonicalize(dst) {
+            Ok(t) => t,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                return Err(Error::Fs {
+                    action: "not writing through dangling symlink",
+                    path: dst.to_path_buf(),
+                    source: err,
+                })
             }
-        } else {
-            e.dst.clone()
-        };
-        let writable = crate::sys::may_write(&target).map_err(|source| Error::Fs {
-            action: "check write permission of",
-            path: target.clone(),
-            source,
-        })?;
-        if !writable {
-            return Err(Error::Fs {
-                action: "cannot replace a file this user may not write:",
-                path: e.dst.clone(),
-                source: io::Error::from_raw_os_error(libc::EACCES),
-            });
+            Err(source) => {
+                return Err(Error::Fs {
+                    action: "resolve symlink",
+                    path: dst.to_path_buf(),
+                    source,
+                })
+            }
         }
-        Ok(target)
+    } else {
+        dst.to_path_buf()
+    };
+    let writable = crate::sys::may_write(&target).map_err(|source| Error::Fs {
+        action: "check write permission of",
+        path: target.clone(),
+        source,
+    })?;
+    if !writable {
+        return Err(Error::Fs {
+            action: "cannot replace a file this user may not write:",
+            path: dst.to_path_buf(),
+            source: io::Error::from_raw_os_error(libc::EACCES),
+        });
     }
+    Ok(target)
 }
 
 /// `st_dev` of the closest existing ancestor of `path` (of `path` itself if it exists).

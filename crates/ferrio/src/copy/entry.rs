@@ -72,7 +72,7 @@ impl Copier<'_> {
 
     fn copy_file(&self, e: &Entry, ring: &mut Ring) -> Result<FileDone> {
         let existing = self.existing_dest(e)?;
-        let target = self.write_target(e, existing.as_ref())?;
+        let target = super::dest::write_target(&e.dst, existing.as_ref())?;
         self.sweep_stale(&target);
         let mut created = None;
         let temp = TempPath::create(&target, |p| {

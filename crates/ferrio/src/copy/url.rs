@@ -726,8 +726,11 @@ fn read_remote(
 }
 
 /// Downloads `src` into a temporary file next to `dst`, renamed over it when complete; removed
-/// on an error or a cancel.
+/// on an error or a cancel. A `dst` that is a symlink to a file is written through, as a local
+/// copy writes it (`dest::write_target`).
 fn download(src: &RemoteFile, dst: &Path, window: usize, progress: &CopyProgress) -> Result<()> {
+    let existing = fs::symlink_metadata(dst).ok();
+    let dst = &super::dest::write_target(dst, existing.as_ref())?;
     let mut created = None;
     let temp = TempPath::create(dst, |p| {
         let f = fs::OpenOptions::new()
