@@ -44,6 +44,7 @@ import os
 import stat
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ferrio
@@ -85,6 +86,9 @@ _STREAM_BATCH_BYTES = 4 << 20
 # Numbers the temporary files of `save_file`, so that threads saving to one name at once each
 # write their own (`next` on a count is atomic under the GIL).
 _save_ids = itertools.count()
+
+# Shards opened (and their headers read) at once: each is a round trip or two to a store.
+_HEADER_THREADS = 16
 
 
 _Run = tuple[str, int, int, int]  # path, file begin, file end, where in the buffer
@@ -189,9 +193,8 @@ class _Checkpoint:
         self.metadata: dict[str, str] | None = None
         self.tensors: dict[str, _Tensor] = {}
         self.order: list[str] = []  # file order, then offset order
-        for i, file in enumerate(files):
-            handle = self.handles[file] = ferrio.open(file, "r")
-            start, meta, entries = safetensors_read_header(handle)
+        headers = self._open(files)
+        for i, (file, (start, meta, entries)) in enumerate(zip(files, headers, strict=True)):
             if i == 0:
                 self.metadata = meta
             for name, dtype, shape, begin, end in entries:
@@ -222,9 +225,42 @@ class _Checkpoint:
                     "which does not hold it"
                 )
 
+    def _open(self, files: list[str]) -> list[Any]:
+        """Open every file and read its header, several at once.
+
+        A shard's open and header are round trips to a store. Every handle opened is kept for
+        `close`, and the first failure, in file order, is raised once all have finished.
+        """
+        if len(files) == 1:
+            handle = self.handles[files[0]] = ferrio.open(files[0], "r")
+            return [safetensors_read_header(handle)]
+        with ThreadPoolExecutor(min(_HEADER_THREADS, len(files))) as pool:
+            done = list(pool.map(_open_and_read_header, files))
+        headers = []
+        for file, (opened, header) in zip(files, done, strict=True):
+            if opened is not None:
+                self.handles[file] = opened
+            headers.append(header)
+        for header in headers:
+            if isinstance(header, BaseException):
+                raise header
+        return headers
+
     def close(self) -> None:
         for handle in self.handles.values():
             handle.close()
+
+
+def _open_and_read_header(file: str) -> tuple[ferrio.File | ferrio.RemoteFile | None, Any]:
+    """`(handle, header)`, or `(handle or None, the exception)` when either step failed."""
+    try:
+        handle = ferrio.open(file, "r")
+    except Exception as e:
+        return None, e
+    try:
+        return handle, safetensors_read_header(handle)
+    except Exception as e:
+        return handle, e
 
 
 def _layout(tensors: list[_Tensor]) -> tuple[list[_Run], dict[str, int], int]:
