@@ -132,6 +132,23 @@ def test_sharded_directory_and_index(tmp_path):
     assert_same(fsn.load_file([tmp_path / "model-00002-of-00002.safetensors"]), d2)
 
 
+def test_a_missing_or_broken_shard_is_named_and_nothing_stays_open(tmp_path):
+    """Shards are opened several at once: the first failure in file order is raised, naming
+    its file, and every shard that did open is closed again."""
+    names = [f"model-{i:05d}-of-00006.safetensors" for i in range(1, 7)]
+    for i, n in enumerate(names):
+        sn.save_file({f"t{i}": sample("float32", (16,), i)}, tmp_path / n)
+    index = {"weight_map": {f"t{i}": n for i, n in enumerate(names)}}
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps(index))
+    (tmp_path / names[4]).write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{}")  # truncated
+    os.unlink(tmp_path / names[2])
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(FileNotFoundError) as e:
+        fsn.load_file(tmp_path / "m.safetensors.index.json")
+    assert names[2] in str(e.value)
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
 def test_duplicate_across_shards_names_both_files(tmp_path):
     sn.save_file({"a": np.zeros(2)}, tmp_path / "x.safetensors")
     sn.save_file({"a": np.ones(2)}, tmp_path / "y.safetensors")
