@@ -17,8 +17,13 @@ pub enum Mode {
     /// `w+`: read and write; created, or truncated if it exists.
     WriteRead,
     /// `a`: write at the end; created if missing. Offsets given to writes are ignored.
+    ///
+    /// Each write goes to the end of the file as it is when the write starts, as with
+    /// `O_APPEND`: after what other handles and processes appended, at the new end after a
+    /// truncation, and after this handle's own writes still running. Unlike `O_APPEND`, two
+    /// handles that start appends at the same instant may both take the same end.
     Append,
-    /// `a+`: read anywhere, write at the end; created if missing.
+    /// `a+`: read anywhere, write at the end (as [`Mode::Append`]); created if missing.
     AppendRead,
 }
 
