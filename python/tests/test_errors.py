@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import io
 import os
@@ -268,9 +269,12 @@ def test_object_arrays_are_refused(small_file: Path, method: str) -> None:
     # Bytes written over PyObject pointers crash the interpreter: refused like numpy.fromfile.
     objs = np.array([object() for _ in range(8)], dtype=object)
     record = np.zeros(4, dtype=[("count", np.int64), ("Obj", object)])
+    # numpy exports no buffer format for datetime64: the dtype says it holds objects.
+    dated = np.zeros(4, dtype=[("when", "datetime64[s]"), ("Obj", object)])
+    c_objs = (ctypes.py_object * 4)(*range(4))
     with ferrio.open(small_file, "r+") as f:
         call = getattr(f, method)
-        for arr in (objs, record):
+        for arr in (objs, record, dated, c_objs):
             with pytest.raises(ValueError, match="Python object"):
                 call(arr)
     with pytest.raises(ValueError, match="Python objects"):

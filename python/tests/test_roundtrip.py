@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import random
@@ -112,6 +113,31 @@ def test_every_kind_of_buffer(data_file: tuple[Path, np.ndarray], tmp_path: Path
         assert g.write(memoryview(b"world"), offset=6) == 5
         assert g.write(bytearray(b"!!!"), size=1, offset=11) == 1
     assert out.read_bytes() == b"hello world!"
+
+
+def test_buffers_python_files_take(data_file: tuple[Path, np.ndarray], tmp_path: Path) -> None:
+    # 0-d arrays and numpy scalars (no shape), ctypes arrays (no strides) and datetime64 arrays
+    # (no buffer format): readinto and os.preadv take them; ferrio said "not a buffer".
+    path, data = data_file
+    scalar = np.zeros((), dtype=np.int64)
+    c_bytes = (ctypes.c_uint8 * 16)()
+    c_ints = (ctypes.c_int32 * 4)()
+    when = np.zeros(3, dtype="datetime64[s]")
+    span = np.zeros((2, 2), dtype="timedelta64[ms]")
+    with ferrio.open(path) as f:
+        assert f.read(scalar) == 8 and scalar.tobytes() == data[:8].tobytes()
+        assert f.read(c_bytes, offset=5) == 16 and bytes(c_bytes) == data[5:21].tobytes()
+        assert f.pread(c_ints).result() == 16 and bytes(c_ints) == data[:16].tobytes()
+        assert f.read(when, offset=3) == 24 and when.tobytes() == data[3:27].tobytes()
+        assert f.read(span) == 32 and span.tobytes() == data[:32].tobytes()
+    out = tmp_path / "out.bin"
+    with ferrio.open(out, "w") as g:
+        assert g.write(np.float64(1.5)) == 8
+        assert g.write(when, offset=8) == 24
+    assert out.read_bytes() == np.float64(1.5).tobytes() + when.tobytes()
+    dates = np.arange(5).astype("datetime64[D]")
+    dates.tofile(out)
+    np.testing.assert_array_equal(ferrio.fromfile(out, "datetime64[D]"), dates)
 
 
 def test_appends_land_after_other_writers_as_with_o_append(tmp_path: Path) -> None:

@@ -244,9 +244,9 @@ impl File {
     /// Reads `size` bytes (default: the buffer's size) at `offset` into the start of `buf`, in
     /// parallel, and returns the number read: fewer only when the file ends first (0 past it).
     ///
-    /// `buf` is any writable, C-contiguous buffer: a numpy array of any dtype and shape, a
-    /// bytearray, a memoryview, an mmap. A read-only or non-contiguous buffer, or a `size`
-    /// larger than it, raises `ValueError` before any I/O.
+    /// `buf` is any writable, C-contiguous buffer: a numpy array of any dtype and shape (0-d and
+    /// datetime64 included), a bytearray, a memoryview, an mmap, a ctypes array. A read-only or
+    /// non-contiguous buffer, or a `size` larger than it, raises `ValueError` before any I/O.
     #[pyo3(signature = (buf, size=None, offset=0))]
     fn read(
         &self,
