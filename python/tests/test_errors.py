@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import io
+import mmap
 import os
 from pathlib import Path
 
@@ -69,6 +70,15 @@ def test_sizes_and_offsets_are_checked(small_file: Path, method: str) -> None:
             call([1, 2, 3])
         with pytest.raises(TypeError):
             call("text")
+        # Buffers that refuse their export say why, not "expected the buffer protocol".
+        closed = mmap.mmap(-1, 10)
+        closed.close()
+        released = memoryview(bytearray(10))
+        released.release()
+        with pytest.raises(ValueError, match="this mmap: mmap closed"):
+            call(closed)
+        with pytest.raises(ValueError, match=r"this memoryview: .*released"):
+            call(released)
     assert untouched(buf)
     assert small_file.read_bytes() == bytes(range(256)) * 64
 

@@ -436,11 +436,18 @@ fn not_a_buffer(obj: &Bound<'_, PyAny>, cause: PyErr) -> PyErr {
             "{} looks like a GPU array; GPU memory is not supported by this build of ferrio yet",
             type_name(obj)
         ))
-    } else {
+    } else if cause.is_instance_of::<PyTypeError>(py) {
         PyTypeError::new_err(format!(
             "expected an object with the buffer protocol (numpy array, bytearray, memoryview, \
              mmap, ...), not {}",
             type_name(obj)
+        ))
+    } else {
+        // A buffer type that refused this time (a closed mmap, a released memoryview): say why.
+        PyValueError::new_err(format!(
+            "cannot use the buffer of this {}: {}",
+            type_name(obj),
+            cause.value(py)
         ))
     };
     err.set_cause(py, Some(cause));
