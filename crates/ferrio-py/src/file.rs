@@ -140,8 +140,8 @@ fn open_file(
 
 /// Opens a file for parallel reads and writes and returns a `File`.
 ///
-/// `mode` is one of `r`, `r+`, `w`, `w+`, `a`, `a+` (a `b` is allowed and ignored: ferrio
-/// only moves bytes). Options override the process-wide settings (`ferrio.config`) for this
+/// `mode` is one of `r`, `r+`, `w`, `w+`, `a`, `a+`, `x`, `x+`, spelled as Python's `open`
+/// takes them (a `b` is allowed and ignored: ferrio only moves bytes; text mode is refused). Options override the process-wide settings (`ferrio.config`) for this
 /// file: `task_size` (bytes per parallel task: `4194304` or `"4MiB"`), `cache` (`"auto"`,
 /// `"keep"` or `"bypass"`: whether what is read or written stays in the page cache; under `auto`
 /// reads keep a file of at most half the available memory and writes bypass), `direct_read` and
@@ -316,7 +316,7 @@ impl File {
         self.path.as_os_str()
     }
 
-    /// The mode the file was opened with (`r`, `r+`, `w`, `w+`, `a` or `a+`).
+    /// The mode the file was opened with (`r`, `r+`, `w`, `w+`, `a`, `a+`, `x` or `x+`).
     #[getter]
     fn mode(&self) -> &'static str {
         self.mode.as_str()
