@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import io
+import mmap
 import os
 from pathlib import Path
 
@@ -68,6 +70,15 @@ def test_sizes_and_offsets_are_checked(small_file: Path, method: str) -> None:
             call([1, 2, 3])
         with pytest.raises(TypeError):
             call("text")
+        # Buffers that refuse their export say why, not "expected the buffer protocol".
+        closed = mmap.mmap(-1, 10)
+        closed.close()
+        released = memoryview(bytearray(10))
+        released.release()
+        with pytest.raises(ValueError, match="this mmap: mmap closed"):
+            call(closed)
+        with pytest.raises(ValueError, match=r"this memoryview: .*released"):
+            call(released)
     assert untouched(buf)
     assert small_file.read_bytes() == bytes(range(256)) * 64
 
@@ -106,10 +117,34 @@ def test_wrong_mode_raises_unsupported_operation(small_file: Path, tmp_path: Pat
     assert issubclass(io.UnsupportedOperation, ValueError)
 
 
-@pytest.mark.parametrize("mode", ["", "x", "rw", "r++", "wr", "t"])
+@pytest.mark.parametrize("mode", ["", "rw", "r++", "wr", "t", "rt", "rbb", "xa", "rU"])
 def test_bad_modes_raise_value_error(small_file: Path, mode: str) -> None:
-    with pytest.raises(ValueError, match="r, r\\+, w, w\\+, a, a\\+"):
+    with pytest.raises(ValueError, match="r, r\\+, w, w\\+, a, a\\+, x, x\\+"):
         ferrio.open(small_file, mode)
+
+
+def test_modes_as_python_open_takes_them(small_file: Path, tmp_path: Path) -> None:
+    # "x" (exclusive create) and any order of letters ("+r", "b+r") were refused as bad modes.
+    for mode, name in [("+r", "r+"), ("b+r", "r+"), ("br", "r"), ("rb+", "r+")]:
+        with ferrio.open(small_file, mode) as f:
+            assert f.mode == name
+    new = tmp_path / "new.bin"
+    with ferrio.open(new, "xb") as f:
+        assert f.mode == "x"
+        assert f.write(b"fresh") == 5
+        with pytest.raises(io.UnsupportedOperation, match="not open for reading"):
+            f.read(bytearray(5))
+    for mode in ("x", "x+"):
+        with pytest.raises(FileExistsError) as e:
+            ferrio.open(new, mode)
+        assert e.value.errno == errno.EEXIST and e.value.filename == str(new)
+    assert new.read_bytes() == b"fresh"
+    with ferrio.open(tmp_path / "new2.bin", "x+") as f:
+        f.write(b"both ways")
+        back = bytearray(9)
+        assert f.read(back) == 9 and back == b"both ways"
+    with pytest.raises(ValueError, match="bytes only"):
+        ferrio.open(small_file, "rt")
 
 
 def test_bad_options_raise_value_error(small_file: Path) -> None:
@@ -268,9 +303,12 @@ def test_object_arrays_are_refused(small_file: Path, method: str) -> None:
     # Bytes written over PyObject pointers crash the interpreter: refused like numpy.fromfile.
     objs = np.array([object() for _ in range(8)], dtype=object)
     record = np.zeros(4, dtype=[("count", np.int64), ("Obj", object)])
+    # numpy exports no buffer format for datetime64: the dtype says it holds objects.
+    dated = np.zeros(4, dtype=[("when", "datetime64[s]"), ("Obj", object)])
+    c_objs = (ctypes.py_object * 4)(*range(4))
     with ferrio.open(small_file, "r+") as f:
         call = getattr(f, method)
-        for arr in (objs, record):
+        for arr in (objs, record, dated, c_objs):
             with pytest.raises(ValueError, match="Python object"):
                 call(arr)
     with pytest.raises(ValueError, match="Python objects"):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import mmap
+import os
 import random
 import threading
 from pathlib import Path
@@ -111,6 +113,66 @@ def test_every_kind_of_buffer(data_file: tuple[Path, np.ndarray], tmp_path: Path
         assert g.write(memoryview(b"world"), offset=6) == 5
         assert g.write(bytearray(b"!!!"), size=1, offset=11) == 1
     assert out.read_bytes() == b"hello world!"
+
+
+def test_buffers_python_files_take(data_file: tuple[Path, np.ndarray], tmp_path: Path) -> None:
+    # 0-d arrays and numpy scalars (no shape), ctypes arrays (no strides) and datetime64 arrays
+    # (no buffer format): readinto and os.preadv take them; ferrio said "not a buffer".
+    path, data = data_file
+    scalar = np.zeros((), dtype=np.int64)
+    c_bytes = (ctypes.c_uint8 * 16)()
+    c_ints = (ctypes.c_int32 * 4)()
+    when = np.zeros(3, dtype="datetime64[s]")
+    span = np.zeros((2, 2), dtype="timedelta64[ms]")
+    with ferrio.open(path) as f:
+        assert f.read(scalar) == 8 and scalar.tobytes() == data[:8].tobytes()
+        assert f.read(c_bytes, offset=5) == 16 and bytes(c_bytes) == data[5:21].tobytes()
+        assert f.pread(c_ints).result() == 16 and bytes(c_ints) == data[:16].tobytes()
+        assert f.read(when, offset=3) == 24 and when.tobytes() == data[3:27].tobytes()
+        assert f.read(span) == 32 and span.tobytes() == data[:32].tobytes()
+    out = tmp_path / "out.bin"
+    with ferrio.open(out, "w") as g:
+        assert g.write(np.float64(1.5)) == 8
+        assert g.write(when, offset=8) == 24
+    assert out.read_bytes() == np.float64(1.5).tobytes() + when.tobytes()
+    dates = np.arange(5).astype("datetime64[D]")
+    dates.tofile(out)
+    np.testing.assert_array_equal(ferrio.fromfile(out, "datetime64[D]"), dates)
+
+
+def test_appends_land_after_other_writers_as_with_o_append(tmp_path: Path) -> None:
+    # Mode "a" kept its own end from open: appends by another handle or process were overwritten
+    # and a truncation left a hole of zeros. Python's "a" (O_APPEND) writes at the end each time.
+    path = tmp_path / "log"
+    path.write_bytes(b"start;")
+    with (
+        ferrio.open(path, "a") as f,
+        ferrio.open(path, "a") as g,
+        open(path, "ab", buffering=0) as py,
+    ):
+        f.write(b"f1;")
+        py.write(b"py1;")
+        g.write(b"g1;")
+        f.write(b"f2;")
+        assert path.read_bytes() == b"start;f1;py1;g1;f2;"
+        os.truncate(path, 3)
+        f.write(b"!")
+    assert path.read_bytes() == b"sta!"
+
+
+def test_appends_from_many_threads_on_one_file_keep_every_record(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    records = [bytes([65 + i]) * (1000 + 37 * i) for i in range(26)]
+    with ferrio.open(path, "a", task_size="4KiB") as f:
+        threads = [threading.Thread(target=lambda r=r: f.pwrite(r).result()) for r in records]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    got = path.read_bytes()
+    assert len(got) == sum(map(len, records))
+    for r in records:
+        assert r in got, "each record whole, none overlapping another"
 
 
 def test_futures_and_modes(tmp_path: Path) -> None:

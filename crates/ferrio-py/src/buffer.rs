@@ -8,12 +8,12 @@
 //! done.
 //!
 //! Host memory comes through the buffer protocol at byte level, so an array of any dtype and
-//! shape works. The export ([`PyUntypedBuffer`]) is kept alive by whoever issued the I/O until
-//! the I/O is done: while it is held the exporter cannot free or resize its memory (numpy
-//! refuses `resize`, bytearray raises `BufferError`), and it is released afterwards.
+//! shape works. The export ([`Export`]) is kept alive by whoever issued the I/O until the I/O is
+//! done: while it is held the exporter cannot free or resize its memory (numpy refuses `resize`,
+//! bytearray raises `BufferError`), and it is released afterwards.
 
-use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsuleMethods;
 
@@ -46,16 +46,74 @@ pub(crate) struct DeviceBuffer {
     pub(crate) owner: Py<PyAny>,
 }
 
+/// A buffer export taken with `PyObject_GetBuffer`, released (GIL held) when dropped.
+///
+/// Not pyo3's `PyUntypedBuffer`, which refuses exports without a shape or strides: the protocol
+/// allows both for a 0-d array (a numpy scalar) and ctypes gives no strides, yet Python's own
+/// `readinto` and `os.preadv` take them. ferrio needs only the start, the length, the format and
+/// contiguity, which `PyBuffer_IsContiguous` judges with or without shape and strides.
+pub(crate) struct Export(Box<ffi::Py_buffer>);
+
+// SAFETY: the export only describes memory; it is released with the GIL held (see `Drop`), and
+// whoever moves it across threads keeps the memory's use in line with the I/O's contract.
+unsafe impl Send for Export {}
+// SAFETY: as above; `&Export` only reads the description.
+unsafe impl Sync for Export {}
+
+impl Export {
+    /// Exports `obj`'s buffer with `flags` (`PyBUF_*`).
+    fn get(obj: &Bound<'_, PyAny>, flags: std::ffi::c_int) -> PyResult<Export> {
+        let mut raw = Box::<ffi::Py_buffer>::new_uninit();
+        // SAFETY: `obj` is a live object and `raw` room for one `Py_buffer`, which the call
+        // fills on success (and leaves unowned on failure).
+        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), raw.as_mut_ptr(), flags) };
+        if rc != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        // SAFETY: `PyObject_GetBuffer` succeeded, so it initialised the struct.
+        Ok(Export(unsafe { raw.assume_init() }))
+    }
+
+    fn readonly(&self) -> bool {
+        self.0.readonly != 0
+    }
+
+    /// The item format (`struct` syntax), if the exporter gave one.
+    fn format(&self) -> Option<&std::ffi::CStr> {
+        // SAFETY: a non-null `format` is a NUL-terminated string owned by the live export.
+        (!self.0.format.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(self.0.format) })
+    }
+
+    fn is_c_contiguous(&self) -> bool {
+        // SAFETY: `self.0` is a live export.
+        unsafe { ffi::PyBuffer_IsContiguous(&*self.0, b'C' as std::ffi::c_char) != 0 }
+    }
+
+    fn len_bytes(&self) -> usize {
+        usize::try_from(self.0.len).unwrap_or(0)
+    }
+}
+
+impl Drop for Export {
+    fn drop(&mut self) {
+        // After interpreter shutdown there is nothing left to release it to.
+        Python::try_attach(|_| {
+            // SAFETY: the export is live and released exactly once, here, with the GIL held.
+            unsafe { ffi::PyBuffer_Release(&mut *self.0) }
+        });
+    }
+}
+
 /// A validated, C-contiguous host buffer and the number of bytes to move.
 pub(crate) struct HostBuffer {
-    view: PyUntypedBuffer,
+    view: Export,
     len: usize,
 }
 
 impl HostBuffer {
     /// Start of the memory.
     pub(crate) fn ptr(&self) -> *mut u8 {
-        self.view.buf_ptr().cast()
+        self.view.0.buf.cast()
     }
 
     /// Bytes to move (the `size` asked for, or the whole buffer).
@@ -64,7 +122,7 @@ impl HostBuffer {
     }
 
     /// The export, to be held until the I/O is done and then dropped (which releases it).
-    pub(crate) fn into_view(self) -> PyUntypedBuffer {
+    pub(crate) fn into_view(self) -> Export {
         self.view
     }
 }
@@ -88,10 +146,7 @@ pub(crate) fn target(
             return dlpack_array(obj, direction, size).map(Target::Device);
         }
     }
-    let view = match PyUntypedBuffer::get(obj) {
-        Ok(view) => view,
-        Err(e) => return Err(not_a_buffer(obj, e)),
-    };
+    let view = host_export(obj)?;
     if direction == Direction::Read && view.readonly() {
         return Err(PyValueError::new_err(format!(
             "cannot read into a read-only buffer ({}): pass writable memory such as a \
@@ -99,13 +154,14 @@ pub(crate) fn target(
             type_name(obj)
         )));
     }
-    if holds_object_pointers(view.format().to_bytes()) {
+    let format = view.format().map(|f| f.to_bytes()).unwrap_or(b"B");
+    if holds_object_pointers(format) {
         // Bytes from a file written over PyObject pointers would crash the interpreter.
         return Err(PyValueError::new_err(format!(
             "the buffer ({}) holds Python object references (format {:?}): ferrio moves raw \
              bytes only, like numpy.fromfile; use a numeric or bytes dtype",
             type_name(obj),
-            view.format().to_string_lossy()
+            String::from_utf8_lossy(format)
         )));
     }
     if !view.is_c_contiguous() {
@@ -117,6 +173,33 @@ pub(crate) fn target(
     }
     let len = checked_size(size, view.len_bytes())?;
     Ok(Target::Host(HostBuffer { view, len }))
+}
+
+/// Exports `obj`'s host buffer with its format, or without one where the exporter cannot say
+/// it: numpy has no buffer format for datetime64 and timedelta64, yet exports their bytes as
+/// `readinto` asks. Without a format, a numpy dtype that holds objects is refused as a format
+/// with `O` would be.
+fn host_export(obj: &Bound<'_, PyAny>) -> PyResult<Export> {
+    let first = match Export::get(obj, ffi::PyBUF_FULL_RO) {
+        Ok(view) => return Ok(view),
+        Err(e) => e,
+    };
+    let Ok(view) = Export::get(obj, ffi::PyBUF_INDIRECT) else {
+        return Err(not_a_buffer(obj, first));
+    };
+    let holds_objects = obj
+        .getattr(pyo3::intern!(obj.py(), "dtype"))
+        .and_then(|d| d.getattr(pyo3::intern!(obj.py(), "hasobject")))
+        .and_then(|h| h.is_truthy())
+        .unwrap_or(false);
+    if holds_objects {
+        return Err(PyValueError::new_err(format!(
+            "the buffer ({}) holds Python object references: ferrio moves raw bytes only, like \
+             numpy.fromfile; use a numeric or bytes dtype",
+            type_name(obj)
+        )));
+    }
+    Ok(view)
 }
 
 /// Whether a buffer-protocol format string (`struct` syntax, with numpy's extensions) has an
@@ -353,11 +436,18 @@ fn not_a_buffer(obj: &Bound<'_, PyAny>, cause: PyErr) -> PyErr {
             "{} looks like a GPU array; GPU memory is not supported by this build of ferrio yet",
             type_name(obj)
         ))
-    } else {
+    } else if cause.is_instance_of::<PyTypeError>(py) {
         PyTypeError::new_err(format!(
             "expected an object with the buffer protocol (numpy array, bytearray, memoryview, \
              mmap, ...), not {}",
             type_name(obj)
+        ))
+    } else {
+        // A buffer type that refused this time (a closed mmap, a released memoryview): say why.
+        PyValueError::new_err(format!(
+            "cannot use the buffer of this {}: {}",
+            type_name(obj),
+            cause.value(py)
         ))
     };
     err.set_cause(py, Some(cause));

@@ -140,8 +140,8 @@ fn open_file(
 
 /// Opens a file for parallel reads and writes and returns a `File`.
 ///
-/// `mode` is one of `r`, `r+`, `w`, `w+`, `a`, `a+` (a `b` is allowed and ignored: ferrio
-/// only moves bytes). Options override the process-wide settings (`ferrio.config`) for this
+/// `mode` is one of `r`, `r+`, `w`, `w+`, `a`, `a+`, `x`, `x+`, spelled as Python's `open`
+/// takes them (a `b` is allowed and ignored: ferrio only moves bytes; text mode is refused). Options override the process-wide settings (`ferrio.config`) for this
 /// file: `task_size` (bytes per parallel task: `4194304` or `"4MiB"`), `cache` (`"auto"`,
 /// `"keep"` or `"bypass"`: whether what is read or written stays in the page cache; under `auto`
 /// reads keep a file of at most half the available memory and writes bypass), `direct_read` and
@@ -244,9 +244,9 @@ impl File {
     /// Reads `size` bytes (default: the buffer's size) at `offset` into the start of `buf`, in
     /// parallel, and returns the number read: fewer only when the file ends first (0 past it).
     ///
-    /// `buf` is any writable, C-contiguous buffer: a numpy array of any dtype and shape, a
-    /// bytearray, a memoryview, an mmap. A read-only or non-contiguous buffer, or a `size`
-    /// larger than it, raises `ValueError` before any I/O.
+    /// `buf` is any writable, C-contiguous buffer: a numpy array of any dtype and shape (0-d and
+    /// datetime64 included), a bytearray, a memoryview, an mmap, a ctypes array. A read-only or
+    /// non-contiguous buffer, or a `size` larger than it, raises `ValueError` before any I/O.
     #[pyo3(signature = (buf, size=None, offset=0))]
     fn read(
         &self,
@@ -316,7 +316,7 @@ impl File {
         self.path.as_os_str()
     }
 
-    /// The mode the file was opened with (`r`, `r+`, `w`, `w+`, `a` or `a+`).
+    /// The mode the file was opened with (`r`, `r+`, `w`, `w+`, `a`, `a+`, `x` or `x+`).
     #[getter]
     fn mode(&self) -> &'static str {
         self.mode.as_str()

@@ -10,7 +10,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 
@@ -41,7 +40,7 @@ pub(crate) struct Pending {
 /// What keeps an operation's memory alive: a buffer export, or a GPU array (or DLPack capsule).
 pub(crate) enum Keep {
     /// A host buffer export.
-    View(#[allow(dead_code)] PyUntypedBuffer),
+    View(#[allow(dead_code)] crate::buffer::Export),
     /// The object owning GPU memory.
     Object(#[allow(dead_code)] Py<PyAny>),
 }

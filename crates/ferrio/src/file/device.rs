@@ -50,11 +50,11 @@ impl File {
         if ptr.checked_add(len).is_none() {
             return Err(Error::InvalidArgument("device range wraps around".into()));
         }
-        let offset = if direction == Direction::Write {
-            self.write_offset(offset, len)
-        } else {
-            offset
+        let append = match direction {
+            Direction::Write => self.append_slot(),
+            Direction::Read => None,
         };
+        let offset = append.as_ref().map_or(offset, |a| a.offset);
         // A task spans the ring at least, so that inside it the read of one buffer overlaps the
         // copy of the one before, and several rings where the transfer is large enough.
         let ring_bytes =
@@ -139,6 +139,10 @@ impl File {
         if let Some(shape) = fill {
             request.max_active = shape.in_flight;
         }
-        Ok(self.queue(request))
+        let completion = self.queue(request);
+        if let Some(append) = append {
+            append.queued(&completion, len);
+        }
+        Ok(completion)
     }
 }

@@ -15,7 +15,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::buffer::{IoBuf, IoBufMut};
 use crate::config::{CacheMode, DirectMode, Settings};
@@ -140,8 +140,8 @@ struct Inner {
     /// Set when a direct call was refused after open (some FUSE file systems): from then on the
     /// file goes through the page cache only.
     direct_refused: AtomicBool,
-    /// Next append offset, for modes `a` and `a+`.
-    append_at: Mutex<u64>,
+    /// Where appends go, for modes `a` and `a+`.
+    appends: Mutex<Appends>,
     /// The pool found at open. In a process forked after the open it belongs to the parent and
     /// is never used: [`File::current_pool`] finds the child's own.
     opened_pool: &'static Arc<DevicePool>,
@@ -151,6 +151,18 @@ struct Inner {
     cache: CacheDecision,
     /// The settings at open (thread cap, bounce-ring sizes).
     settings: Settings,
+}
+
+/// Where the appends of a file opened in mode `a` or `a+` go: at the end of the file as it is
+/// when the write starts, as with `O_APPEND` (so appends by other handles and processes, or a
+/// truncation, are seen), but past this handle's own appends still running, which the file's
+/// size does not show yet.
+#[derive(Default)]
+struct Appends {
+    /// End of the last range reserved by this handle.
+    end: u64,
+    /// This handle's appends that may still be running.
+    running: Vec<Weak<Completion>>,
 }
 
 /// A raw address that may cross to worker threads; the future it belongs to keeps it valid.
@@ -233,7 +245,7 @@ impl File {
                 direct_fd,
                 direct,
                 direct_refused: AtomicBool::new(false),
-                append_at: Mutex::new(st.st_size as u64),
+                appends: Mutex::new(Appends::default()),
                 opened_pool: pool,
                 local,
                 cache,
@@ -433,15 +445,8 @@ impl File {
     /// Truncates or extends the file to `len` bytes.
     pub fn set_len(&self, len: u64) -> Result<()> {
         self.check_mode(Op::Write)?;
-        sys::ftruncate(self.inner.fd.as_fd(), len).map_err(|e| self.err(Op::Write, len, 0, e))?;
-        if self.inner.mode.appends() {
-            *self
-                .inner
-                .append_at
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = len;
-        }
-        Ok(())
+        sys::ftruncate(self.inner.fd.as_fd(), len).map_err(|e| self.err(Op::Write, len, 0, e))
+
     }
 
     fn err(&self, op: Op, offset: u64, len: u64, e: std::io::Error) -> Error {

@@ -5,14 +5,30 @@
 //! [`crate::policy`].
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
-use super::{Addr, File};
+use super::{Addr, Appends, File};
 use crate::error::{Op, Result};
 use crate::plan::{self, Task};
 use crate::policy;
 use crate::pool::{Completion, Direction, Worker};
 use crate::sys;
+
+/// The range an append goes to, reserved while the lock is held; see [`File::append_slot`].
+pub(super) struct AppendSlot<'a> {
+    appends: MutexGuard<'a, Appends>,
+    /// Where the write goes.
+    pub(super) offset: u64,
+}
+
+impl AppendSlot<'_> {
+    /// Records the queued write of `len` bytes at the slot's offset, which the file's size may
+    /// not show until `completion` is done.
+    pub(super) fn queued(mut self, completion: &Arc<Completion>, len: usize) {
+        self.appends.end = self.offset + len as u64;
+        self.appends.running.push(Arc::downgrade(completion));
+    }
+}
 
 /// Tasks of one buffered write request to a local file that may run at once (see
 /// `File::write_cap`).
@@ -31,7 +47,8 @@ impl File {
         offset: u64,
     ) -> Result<Arc<Completion>> {
         self.check_mode(Op::Write)?;
-        let offset = self.write_offset(offset, len);
+        let append = self.append_slot();
+        let offset = append.as_ref().map_or(offset, |a| a.offset);
         let tasks = self.plan(offset, len)?;
         self.extend_for_direct_write(offset, len, tasks.len())?;
         let file = self.clone();
@@ -43,23 +60,40 @@ impl File {
             // and unchanged until the future is done.
             unsafe { file.write_task(w, src, t) }
         });
-        Ok(self.queue(self.request(tasks, offset, len, Direction::Write, run)))
+        let completion = self.queue(self.request(tasks, offset, len, Direction::Write, run));
+        if let Some(append) = append {
+            append.queued(&completion, len);
+        }
+        Ok(completion)
     }
 
-    /// The offset a write of `len` bytes goes to: `offset`, or the end of the file in append
-    /// modes (reserving the range, so concurrent appends do not overlap).
-    pub(super) fn write_offset(&self, offset: u64, len: usize) -> u64 {
+    /// In append modes, where the next write goes: the end of the file now, or past this
+    /// handle's appends still running. The slot holds the handle's append lock until
+    /// [`AppendSlot::queued`], so that appends from several threads take ranges one after
+    /// another; a write that fails before it is queued reserves nothing.
+    pub(super) fn append_slot(&self) -> Option<AppendSlot<'_>> {
         if !self.inner.mode.appends() {
-            return offset;
+            return None;
         }
-        let mut at = self
+        let mut appends = self
             .inner
-            .append_at
+            .appends
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let start = *at;
-        *at += len as u64;
-        start
+        appends
+            .running
+            .retain(|c| c.upgrade().is_some_and(|c| !c.is_done()));
+        // Without a size (fstat failed) the handle's own end is the best guess.
+        let size = self.len().unwrap_or(appends.end);
+        let offset = if appends.running.is_empty() {
+            size
+        } else {
+            size.max(appends.end)
+        };
+        Some(AppendSlot {
+            appends,
+            offset,
+        })
     }
 
     /// Before a direct write of several tasks that ends past the end of the file, allocates

@@ -144,7 +144,8 @@ impl Completion {
         self.cv.notify_all();
     }
 
-    fn is_done(&self) -> bool {
+    /// Whether the outcome is known (every task has reported).
+    pub(crate) fn is_done(&self) -> bool {
         self.is_inherited() || self.lock().done
     }
 

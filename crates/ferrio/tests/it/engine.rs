@@ -84,6 +84,42 @@ fn append_mode_writes_at_the_end_and_in_order_of_calls() {
 }
 
 #[test]
+fn appends_go_after_what_others_appended_as_with_o_append() {
+    use std::io::Write;
+    let dir = disk_dir();
+    let path = make_file(dir.path(), "log", b"head:");
+    let f = File::open(&path, "a").unwrap();
+    let g = File::open(&path, "a").unwrap();
+    let mut std_file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_at(b"f1;", 0).unwrap();
+    std_file.write_all(b"std;").unwrap();
+    g.write_at(b"g1;", 0).unwrap();
+    let big = data(3 << 20, 3);
+    f.write_at(&big, 0).unwrap();
+    std_file.write_all(b"end").unwrap();
+    let mut want = b"head:f1;std;g1;".to_vec();
+    want.extend_from_slice(&big);
+    want.extend_from_slice(b"end");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        want,
+        "no append lost or overwritten"
+    );
+    // Truncated by someone else: the next append starts at the new end, leaving no hole.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(2)
+        .unwrap();
+    f.write_at(b"!", 0).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"he!");
+}
+
+#[test]
 fn modes_create_truncate_and_refuse() {
     let dir = disk_dir();
     let p = dir.path().join("new");
