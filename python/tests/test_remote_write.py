@@ -360,6 +360,69 @@ FAST_FAIL = {"remote_timeout": "1s", "remote_retries": 1, "remote_retry_timeout"
 FAST_FAIL_S = 6.0  # the budget above, with room for the backoff, the abort and a slow machine
 
 
+@pytest.mark.parametrize(
+    ("op", "size"),
+    [
+        ("CreateMultipartUpload", 2 * PART),
+        ("UploadPart", PART + 5),
+        ("CompleteMultipartUpload", PART + 5),
+        ("PutObject", 100),
+    ],
+)
+def test_a_server_that_never_answers_is_a_timeout_error_in_time(
+    s3: Any, op: str, size: int
+) -> None:
+    s3.faults.stall.add(op)
+    url = f"s3://{s3.ferrio_bucket}/stalled.bin"
+    with ferrio.config.set(**FAST_FAIL):
+        w = ferrio.open_url(url, "w", range_size="5MiB", concurrency=1)
+
+    def upload() -> None:
+        w.write(remote_data(size, seed=40))
+        w.close()
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError) as e:
+        in_thread(upload)
+    took = time.monotonic() - started
+    assert took < FAST_FAIL_S, f"{op}: failed after {took:.1f} s"
+    assert e.value.filename == url
+    assert "remote_timeout" in str(e.value)
+    assert s3.faults.seen[op] == 2  # tried, and tried once more (the first part, for UploadPart)
+    with pytest.raises(ValueError):  # the upload is gone
+        w.write(b"x")
+    assert _get(s3, "stalled.bin") is None
+    assert _uploads(s3) == []
+
+
+def test_an_abort_that_never_answers_fails_in_time(s3: Any) -> None:
+    s3.faults.stall.add("AbortMultipartUpload")
+    url = f"s3://{s3.ferrio_bucket}/abort-stalled.bin"
+    with ferrio.config.set(**FAST_FAIL):
+        w = ferrio.open_url(url, "w", range_size="5MiB", concurrency=1)
+    w.write(remote_data(PART + 5, seed=41))
+    started = time.monotonic()
+    with pytest.raises(TimeoutError) as e:
+        in_thread(w.abort)
+    assert time.monotonic() - started < FAST_FAIL_S
+    assert e.value.filename == url
+    assert w.closed
+    # The store never heard of the abort: the upload is left for the bucket's lifecycle rules.
+    assert len(_uploads(s3)) == 1
+    assert _get(s3, "abort-stalled.bin") is None
+
+    # A part that fails while the abort cannot be made: the part's error is the one raised.
+    s3.faults.fail_parts = True
+    with ferrio.config.set(**FAST_FAIL):
+        w = ferrio.open_url(url, "w", range_size="5MiB", concurrency=1)
+    started = time.monotonic()
+    with pytest.raises(OSError) as e:
+        in_thread(lambda: w.write(remote_data(3 * PART, seed=42)))
+    assert time.monotonic() - started < FAST_FAIL_S
+    assert not isinstance(e.value, TimeoutError) and "500" in str(e.value)
+    assert _get(s3, "abort-stalled.bin") is None
+
+
 @pytest.mark.parametrize("status", [500, 503])
 def test_a_completion_refused_once_is_retried(s3: Any, status: int) -> None:
     s3.faults.answer["CompleteMultipartUpload"] = [status]
