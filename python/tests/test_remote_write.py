@@ -525,6 +525,29 @@ def test_calls_after_close_and_after_an_error(s3: Any) -> None:
     assert _uploads(s3) == []
 
 
+def test_a_writer_dropped_in_a_thread_with_parts_in_flight_aborts_promptly(s3: Any) -> None:
+    # The abort on drop is a request to the store: it must not hold the GIL (this test's own
+    # proxy, a Python thread, could not answer it) nor wait for the parts in flight.
+    s3.faults.stall_parts = True
+    url = f"s3://{s3.ferrio_bucket}/dropped-writer.bin"
+    took: list[float] = []
+
+    def drop_it() -> None:
+        with ferrio.config.set(remote_timeout="10s", remote_retries=0):
+            w = ferrio.open_url(url, "w", range_size="5MiB", concurrency=4)
+        w.write(remote_data(3 * PART + 5, seed=50))
+        assert s3.faults.parts_seen.wait(BOUND_S)
+        started = time.monotonic()
+        del w
+        took.append(time.monotonic() - started)
+
+    in_thread(drop_it)
+    assert took[0] < 5.0, f"dropping the writer took {took[0]:.1f} s"
+    assert s3.faults.seen["AbortMultipartUpload"] == 1
+    assert _get(s3, "dropped-writer.bin") is None
+    assert _uploads(s3) == []
+
+
 def test_write_to_missing_bucket_is_file_not_found(s3: Any) -> None:
     url = "s3://no-such-bucket-ferrio/x.bin"
     with pytest.raises(FileNotFoundError) as e, ferrio.open(url, "w") as w:
