@@ -613,6 +613,42 @@ def test_download_writes_through_a_symlink_as_a_local_copy_does(s3: Any, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.bin", "link.bin", "target.bin"]
 
 
+@pytest.mark.parametrize("change", ["shrink", "grow", "rewrite"])
+def test_copy_of_a_file_written_during_its_upload_is_refused(
+    s3: Any, tmp_path: Path, change: str
+) -> None:
+    """A file that changes while it is uploaded would go up as a mix of its old and new bytes
+    (or a prefix of what it became): the copy fails naming the file, and creates no object."""
+    src = tmp_path / "changing.bin"
+    src.write_bytes(remote_data(4 * PART, seed=51))
+
+    def change_it() -> None:
+        time.sleep(0.05)  # a modification time other than the one the copy started with
+        if change == "shrink":
+            os.truncate(src, PART + 7)
+        elif change == "grow":
+            with src.open("ab") as f:
+                f.write(b"appended")
+        else:
+            with src.open("r+b") as f:  # the same size, other bytes
+                f.write(remote_data(4 * PART, seed=52))
+
+    # One part at a time: the parts after the first are read after the file changed.
+    s3.faults.on_first_part = change_it
+    url = f"s3://{s3.ferrio_bucket}/changing.bin"
+    settings = {"remote_concurrency": 1, "remote_range_size": "5MiB"}
+    with ferrio.config.set(**settings), pytest.raises(OSError) as e:
+        in_thread(lambda: ferrio.copy(src, url))
+    assert e.value.filename == str(src), e.value
+    assert ("shrank" if change == "shrink" else "changed") in str(e.value)
+    assert _get(s3, "changing.bin") is None
+    assert _uploads(s3) == []
+    # A file left alone is copied whole.
+    with ferrio.config.set(**settings):
+        in_thread(lambda: ferrio.copy(src, url))
+    assert _get(s3, "changing.bin") == src.read_bytes()
+
+
 def test_copy_s3_to_s3_same_and_other_bucket(s3: Any) -> None:
     data = remote_data(PART + 5, seed=12)
     s3.put_object(Bucket=s3.ferrio_bucket, Key="a.bin", Body=data)
