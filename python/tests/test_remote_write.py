@@ -3,8 +3,9 @@
 Uploads round-trip at every size around the part size; an upload that fails or is interrupted
 leaves no object and no multipart upload behind; ferrio.copy and `ferrio cp` move files between
 local paths and URLs both ways; a failed download leaves no file. A small proxy in front of moto
-injects the failures a real network has (a part refused, a part that never finishes, GETs
-refused). Every case ends within a time bound.
+injects the failures a real network and a misbehaving server have (any step of an upload
+refused, never answered, cut off mid-body or answered without its ETag; GETs refused). Every
+case ends within a time bound.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import http.server
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +41,54 @@ PART = 5 << 20  # the smallest part S3 takes; the writer's part size in these te
 
 
 class _Faults:
-    """What the proxy does to the requests it forwards."""
+    """What the proxy does to the requests it forwards.
+
+    `stall`, `answer`, `answer_after` and `drop` take the S3 operation a request is
+    (`_operation`): CreateMultipartUpload, UploadPart, CompleteMultipartUpload,
+    AbortMultipartUpload, PutObject.
+    """
 
     def __init__(self) -> None:
         self.fail_parts = False  # UploadPart answers 500 (retried by the client, then fatal)
         self.stall_parts = False  # UploadPart never answers (until the test ends)
         self.deny_gets = False  # GET answers 403
+        self.stall: set[str] = set()  # these read the body and never answer (until the test ends)
+        # These answer the next statuses in turn instead of reaching moto, then go through.
+        self.answer: dict[str, list[int]] = {}
+        # These reach moto, whose answer is replaced by the next statuses in turn.
+        self.answer_after: dict[str, list[int]] = {}
+        # These lose the connection half-way through the body, this many times.
+        self.drop: dict[str, int] = {}
+        self.strip_etag = False  # UploadPart's answer comes without its ETag
+        self.on_first_part: Callable[[], None] | None = None  # run as the first UploadPart arrives
+        self.seen: dict[str, int] = {}  # requests per operation
         self.parts_seen = threading.Event()
         self.release = threading.Event()
+
+    def next_status(self, table: dict[str, list[int]], op: str) -> int | None:
+        statuses = table.get(op)
+        return statuses.pop(0) if statuses else None
+
+
+def _operation(command: str, path: str) -> str:
+    """The S3 operation of a request."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query, keep_blank_values=True)
+    if command == "POST" and "uploads" in query:
+        return "CreateMultipartUpload"
+    if command == "POST" and "uploadId" in query:
+        return "CompleteMultipartUpload"
+    if command == "PUT" and "partNumber" in query:
+        return "UploadPart"
+    if command == "DELETE" and "uploadId" in query:
+        return "AbortMultipartUpload"
+    if command == "PUT":
+        return "PutObject"
+    return command
 
 
 def _proxy_handler(upstream: str, faults: _Faults) -> type[http.server.BaseHTTPRequestHandler]:
     host, port = upstream.removeprefix("http://").split(":")
+    lock = threading.Lock()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -63,9 +102,34 @@ def _proxy_handler(upstream: str, faults: _Faults) -> type[http.server.BaseHTTPR
             self.end_headers()
 
         def _forward(self) -> None:
+            op = _operation(self.command, self.path)
             n = int(self.headers.get("Content-Length") or 0)
+            hook = None
+            with lock:
+                faults.seen[op] = faults.seen.get(op, 0) + 1
+                drop = faults.drop.get(op, 0) > 0 and n > 0
+                if drop:
+                    faults.drop[op] -= 1
+                if op == "UploadPart":
+                    hook, faults.on_first_part = faults.on_first_part, None
+            if hook:
+                hook()
+            if drop:
+                self.rfile.read(n // 2)
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
             body = self.rfile.read(n) if n else b""
-            is_part = self.command == "PUT" and "partNumber=" in self.path
+            if op in faults.stall:
+                faults.release.wait(BOUND_S)
+                self.close_connection = True
+                return
+            with lock:
+                status = faults.next_status(faults.answer, op)
+            if status is not None:
+                self._reply(status)
+                return
+            is_part = op == "UploadPart"
             if is_part:
                 faults.parts_seen.set()
                 if faults.stall_parts:
@@ -87,10 +151,18 @@ def _proxy_handler(upstream: str, faults: _Faults) -> type[http.server.BaseHTTPR
                 conn.endheaders(body)
                 resp = conn.getresponse()
                 data = resp.read()
+                with lock:
+                    status = faults.next_status(faults.answer_after, op)
+                if status is not None:
+                    self._reply(status)
+                    return
                 self.send_response(resp.status)
                 length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                skip = ["content-length", "transfer-encoding", "connection"]
+                if is_part and faults.strip_etag:
+                    skip.append("etag")
                 for k, v in resp.getheaders():
-                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    if k.lower() not in skip:
                         self.send_header(k, v)
                 self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
@@ -282,6 +354,200 @@ def test_failing_part_leaves_nothing(s3: Any) -> None:
     assert _uploads(s3) == []
 
 
+# Small request budgets, so that a server that never answers fails the call in a few seconds:
+# each request may take 1 s, and is tried twice within 2 s.
+FAST_FAIL = {"remote_timeout": "1s", "remote_retries": 1, "remote_retry_timeout": "2s"}
+FAST_FAIL_S = 6.0  # the budget above, with room for the backoff, the abort and a slow machine
+
+
+@pytest.mark.parametrize(
+    ("op", "size"),
+    [
+        ("CreateMultipartUpload", 2 * PART),
+        ("UploadPart", PART + 5),
+        ("CompleteMultipartUpload", PART + 5),
+        ("PutObject", 100),
+    ],
+)
+def test_a_server_that_never_answers_is_a_timeout_error_in_time(
+    s3: Any, op: str, size: int
+) -> None:
+    s3.faults.stall.add(op)
+    url = f"s3://{s3.ferrio_bucket}/stalled.bin"
+    with ferrio.config.set(**FAST_FAIL):
+        w = ferrio.open_url(url, "w", range_size="5MiB", concurrency=1)
+
+    def upload() -> None:
+        w.write(remote_data(size, seed=40))
+        w.close()
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError) as e:
+        in_thread(upload)
+    took = time.monotonic() - started
+    assert took < FAST_FAIL_S, f"{op}: failed after {took:.1f} s"
+    assert e.value.filename == url
+    assert "remote_timeout" in str(e.value)
+    assert s3.faults.seen[op] == 2  # tried, and tried once more (the first part, for UploadPart)
+    with pytest.raises(ValueError):  # the upload is gone
+        w.write(b"x")
+    assert _get(s3, "stalled.bin") is None
+    assert _uploads(s3) == []
+
+
+def test_an_abort_that_never_answers_fails_in_time(s3: Any) -> None:
+    s3.faults.stall.add("AbortMultipartUpload")
+    url = f"s3://{s3.ferrio_bucket}/abort-stalled.bin"
+    with ferrio.config.set(**FAST_FAIL):
+        w = ferrio.open_url(url, "w", range_size="5MiB", concurrency=1)
+    w.write(remote_data(PART + 5, seed=41))
+    started = time.monotonic()
+    with pytest.raises(TimeoutError) as e:
+        in_thread(w.abort)
+    assert time.monotonic() - started < FAST_FAIL_S
+    assert e.value.filename == url
+    assert w.closed
+    # The store never heard of the abort: the upload is left for the bucket's lifecycle rules.
+    assert len(_uploads(s3)) == 1
+    assert _get(s3, "abort-stalled.bin") is None
+
+    # A part that fails while the abort cannot be made: the part's error is the one raised.
+    s3.faults.fail_parts = True
+    with ferrio.config.set(**FAST_FAIL):
+        w = ferrio.open_url(url, "w", range_size="5MiB", concurrency=1)
+    started = time.monotonic()
+    with pytest.raises(OSError) as e:
+        in_thread(lambda: w.write(remote_data(3 * PART, seed=42)))
+    assert time.monotonic() - started < FAST_FAIL_S
+    assert not isinstance(e.value, TimeoutError) and "500" in str(e.value)
+    assert _get(s3, "abort-stalled.bin") is None
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_a_completion_refused_once_is_retried(s3: Any, status: int) -> None:
+    s3.faults.answer["CompleteMultipartUpload"] = [status]
+    data = remote_data(2 * PART + 5, seed=43)
+    url = f"s3://{s3.ferrio_bucket}/complete-retried.bin"
+    in_thread(lambda: _write_all(url, data))
+    assert s3.faults.seen["CompleteMultipartUpload"] == 2
+    assert _get(s3, "complete-retried.bin") == data
+    assert _uploads(s3) == []
+
+
+def test_a_completion_whose_answer_is_lost_is_retried(s3: Any) -> None:
+    # The store completed the object, but its answer never came back: asked again, it says so.
+    s3.faults.answer_after["CompleteMultipartUpload"] = [500]
+    data = remote_data(2 * PART + 5, seed=44)
+    url = f"s3://{s3.ferrio_bucket}/complete-lost.bin"
+    in_thread(lambda: _write_all(url, data))
+    assert _get(s3, "complete-lost.bin") == data
+    assert _uploads(s3) == []
+
+
+def test_a_completion_always_refused_leaves_nothing(s3: Any) -> None:
+    s3.faults.answer["CompleteMultipartUpload"] = [503] * 10
+    url = f"s3://{s3.ferrio_bucket}/complete-refused.bin"
+    with ferrio.config.set(**FAST_FAIL), pytest.raises(OSError) as e:
+        in_thread(lambda: _write_all(url, remote_data(2 * PART + 5, seed=45)))
+    assert e.value.filename == url and "503" in str(e.value)
+    assert s3.faults.seen["CompleteMultipartUpload"] == 2
+    assert _get(s3, "complete-refused.bin") is None
+    assert _uploads(s3) == []
+
+
+def test_a_connection_lost_mid_part(s3: Any) -> None:
+    # Once: the part is sent again, and the object is whole.
+    s3.faults.drop["UploadPart"] = 1
+    data = remote_data(2 * PART + 5, seed=46)
+    url = f"s3://{s3.ferrio_bucket}/dropped.bin"
+    in_thread(lambda: _write_all(url, data))
+    assert s3.faults.seen["UploadPart"] == 4
+    assert _get(s3, "dropped.bin") == data
+    # Every time: an error naming the URL, and nothing left.
+    s3.faults.drop["UploadPart"] = 100
+    with ferrio.config.set(**FAST_FAIL), pytest.raises(OSError) as e:
+        in_thread(lambda: _write_all(url + ".2", data))
+    assert e.value.filename == url + ".2"
+    assert _get(s3, "dropped.bin.2") is None
+    assert _uploads(s3) == []
+
+
+def test_a_part_answered_without_its_etag_leaves_nothing(s3: Any) -> None:
+    s3.faults.strip_etag = True
+    url = f"s3://{s3.ferrio_bucket}/no-etag.bin"
+    with pytest.raises(OSError, match="ETag") as e:
+        in_thread(lambda: _write_all(url, remote_data(2 * PART + 5, seed=47)))
+    assert e.value.filename == url
+    assert _get(s3, "no-etag.bin") is None
+    assert _uploads(s3) == []
+
+
+@pytest.mark.parametrize(("op", "size"), [("CreateMultipartUpload", PART), ("PutObject", 10)])
+def test_a_refused_upload_is_permission_error(s3: Any, op: str, size: int) -> None:
+    s3.faults.answer[op] = [403]
+    url = f"s3://{s3.ferrio_bucket}/denied.bin"
+    with pytest.raises(PermissionError) as e:
+        in_thread(lambda: _write_all(url, remote_data(size, seed=48)))
+    assert e.value.filename == url
+    assert s3.faults.seen[op] == 1  # not retried
+    assert _get(s3, "denied.bin") is None
+    assert _uploads(s3) == []
+
+
+def test_calls_after_close_and_after_an_error(s3: Any) -> None:
+    url = f"s3://{s3.ferrio_bucket}/closed.bin"
+    w = ferrio.open_url(url, "w", range_size="5MiB")
+    w.write(b"abc")
+    in_thread(w.close)
+    in_thread(w.close)  # a second close does nothing
+    in_thread(w.abort)  # nor does an abort: the object stays
+    with pytest.raises(ValueError):
+        w.write(b"more")
+    with pytest.raises(ValueError):
+        w.tell()
+    assert _get(s3, "closed.bin") == b"abc"
+
+    # A write that failed: close says the upload is gone (it does not pretend to complete it);
+    # then the writer is closed, and closing or aborting again does nothing.
+    s3.faults.fail_parts = True
+    with ferrio.config.set(remote_retries=0):
+        w = ferrio.open_url(url + ".failed", "w", range_size="5MiB", concurrency=1)
+    with pytest.raises(OSError):
+        in_thread(lambda: w.write(remote_data(3 * PART, seed=49)))
+    with pytest.raises(ValueError, match="aborted"):
+        in_thread(w.close)
+    assert w.closed
+    in_thread(w.close)
+    in_thread(w.abort)
+    with pytest.raises(ValueError):
+        w.write(b"more")
+    assert _get(s3, "closed.bin.failed") is None
+    assert _uploads(s3) == []
+
+
+def test_a_writer_dropped_in_a_thread_with_parts_in_flight_aborts_promptly(s3: Any) -> None:
+    # The abort on drop is a request to the store: it must not hold the GIL (this test's own
+    # proxy, a Python thread, could not answer it) nor wait for the parts in flight.
+    s3.faults.stall_parts = True
+    url = f"s3://{s3.ferrio_bucket}/dropped-writer.bin"
+    took: list[float] = []
+
+    def drop_it() -> None:
+        with ferrio.config.set(remote_timeout="10s", remote_retries=0):
+            w = ferrio.open_url(url, "w", range_size="5MiB", concurrency=4)
+        w.write(remote_data(3 * PART + 5, seed=50))
+        assert s3.faults.parts_seen.wait(BOUND_S)
+        started = time.monotonic()
+        del w
+        took.append(time.monotonic() - started)
+
+    in_thread(drop_it)
+    assert took[0] < 5.0, f"dropping the writer took {took[0]:.1f} s"
+    assert s3.faults.seen["AbortMultipartUpload"] == 1
+    assert _get(s3, "dropped-writer.bin") is None
+    assert _uploads(s3) == []
+
+
 def test_write_to_missing_bucket_is_file_not_found(s3: Any) -> None:
     url = "s3://no-such-bucket-ferrio/x.bin"
     with pytest.raises(FileNotFoundError) as e, ferrio.open(url, "w") as w:
@@ -345,6 +611,42 @@ def test_download_writes_through_a_symlink_as_a_local_copy_does(s3: Any, tmp_pat
         in_thread(lambda: ferrio.copy(url, dangling))
     assert not (tmp_path / "nowhere.bin").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.bin", "link.bin", "target.bin"]
+
+
+@pytest.mark.parametrize("change", ["shrink", "grow", "rewrite"])
+def test_copy_of_a_file_written_during_its_upload_is_refused(
+    s3: Any, tmp_path: Path, change: str
+) -> None:
+    """A file that changes while it is uploaded would go up as a mix of its old and new bytes
+    (or a prefix of what it became): the copy fails naming the file, and creates no object."""
+    src = tmp_path / "changing.bin"
+    src.write_bytes(remote_data(4 * PART, seed=51))
+
+    def change_it() -> None:
+        time.sleep(0.05)  # a modification time other than the one the copy started with
+        if change == "shrink":
+            os.truncate(src, PART + 7)
+        elif change == "grow":
+            with src.open("ab") as f:
+                f.write(b"appended")
+        else:
+            with src.open("r+b") as f:  # the same size, other bytes
+                f.write(remote_data(4 * PART, seed=52))
+
+    # One part at a time: the parts after the first are read after the file changed.
+    s3.faults.on_first_part = change_it
+    url = f"s3://{s3.ferrio_bucket}/changing.bin"
+    settings = {"remote_concurrency": 1, "remote_range_size": "5MiB"}
+    with ferrio.config.set(**settings), pytest.raises(OSError) as e:
+        in_thread(lambda: ferrio.copy(src, url))
+    assert e.value.filename == str(src), e.value
+    assert ("shrank" if change == "shrink" else "changed") in str(e.value)
+    assert _get(s3, "changing.bin") is None
+    assert _uploads(s3) == []
+    # A file left alone is copied whole.
+    with ferrio.config.set(**settings):
+        in_thread(lambda: ferrio.copy(src, url))
+    assert _get(s3, "changing.bin") == src.read_bytes()
 
 
 def test_copy_s3_to_s3_same_and_other_bucket(s3: Any) -> None:

@@ -351,6 +351,19 @@ impl RemoteWriter {
     }
 }
 
+impl Drop for RemoteWriter {
+    fn drop(&mut self) {
+        // A writer garbage-collected while open aborts its upload, a request to the store that
+        // may take up to `remote_timeout` per try: made with the GIL held it would stop every
+        // other thread (and a server in this process could never answer it). While Python
+        // shuts down the writer is dropped in place.
+        let slot = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(writer) = slot.take() {
+            Python::try_attach(|py| py.detach(move || drop(writer)));
+        }
+    }
+}
+
 /// A writer call running on a scoped helper thread, waited on in slices by [`release_gil`].
 struct WriterCall<'scope, T> {
     call: Option<std::thread::ScopedJoinHandle<'scope, T>>,

@@ -432,8 +432,8 @@ pub const SETTINGS: &[SettingInfo] = &[
         env: "FERRIO_REMOTE_TIMEOUT",
         unit: "seconds (e.g. 120, 90s, 2m)",
         default: "120s",
-        doc: "longest time one ranged GET may take, body included; then it fails (and is \
-              retried)",
+        doc: "longest time one request may take (a ranged GET, an upload's part), body \
+              included; then it fails (and is retried), in the end with TimeoutError",
         get: |s| format_duration(s.remote_timeout),
         set: |s, v| {
             s.remote_timeout = duration(v, true)?;

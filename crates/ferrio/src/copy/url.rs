@@ -17,6 +17,7 @@
 
 use std::collections::BTreeSet;
 use std::fs;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -612,11 +613,17 @@ fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<Copi
     };
     match (src, &job.dst) {
         (Source::Local(src), End::Url(dst)) => {
+            let before = Stamp::of(src)?;
             let mut writer = new_writer(dst, &plan.writer_settings, progress)?;
             let window = writer.part_size();
-            pump(job.len, window, &mut writer, progress, |buf, offset| {
-                src.read_at(buf, offset)
-            })
+            let read = |buf: &mut [u8], offset| src.read_at(buf, offset);
+            pump(job.len, window, &mut writer, progress, src.path(), read)?;
+            if let Err(e) = before.unchanged(src, job.len) {
+                // The change matters more than a failed clean-up.
+                let _ = writer.abort();
+                return Err(e);
+            }
+            writer.close().map(|_| ())
         }
         (Source::Remote(src), End::Local(dst)) => download(src, dst, plan.window, progress),
         (Source::Remote(src), End::Url(dst)) => {
@@ -626,9 +633,11 @@ fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<Copi
             }
             let mut writer = new_writer(dst, &plan.writer_settings, progress)?;
             let window = plan.window.max(writer.part_size());
-            pump(src.len(), window, &mut writer, progress, |buf, offset| {
-                read_remote(src, buf, offset, progress)
-            })
+            let read = |buf: &mut [u8], offset| read_remote(src, buf, offset, progress);
+            let name = Path::new(src.url());
+            pump(src.len(), window, &mut writer, progress, name, read)?;
+            // Its reads are pinned to the version opened: it cannot change under the copy.
+            writer.close().map(|_| ())
         }
         _ => Err(mixed()),
     }
@@ -651,13 +660,15 @@ fn new_writer(
     Ok(writer)
 }
 
-/// Feeds `len` bytes read by `read` (window by window) into `writer` and completes it; on any
-/// error or a cancel the upload is aborted (the writer does so itself, or on drop).
+/// Feeds `len` bytes of `source` read by `read` (window by window) into `writer`, for the caller
+/// to complete; on any error or a cancel the upload is aborted (the writer does so itself, or on
+/// drop).
 fn pump(
     len: u64,
     window: usize,
     writer: &mut RemoteWriter,
     progress: &CopyProgress,
+    source: &Path,
     mut read: impl FnMut(&mut [u8], u64) -> Result<usize>,
 ) -> Result<()> {
     let mut buf = vec![
@@ -676,22 +687,54 @@ fn pump(
         let n = read(&mut buf[..want], offset)?;
         if n == 0 {
             writer.abort()?;
-            return Err(Error::Io {
-                op: Op::Read,
-                path: PathBuf::from(writer.url()),
-                offset,
-                len: want as u64,
-                source: std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "the source got shorter during the copy",
-                ),
-            });
+            return Err(super::data::shrank(source, offset));
         }
         writer.write(&buf[..n])?;
         progress.add_bytes(n as u64);
         offset += n as u64;
     }
-    writer.close().map(|_| ())
+    Ok(())
+}
+
+/// What a local file to upload looked like when its copy started: a file written while it is
+/// read would go up as a mix of old and new bytes, so the upload completes only if the file
+/// still has the size planned and the same modification time after the last read (as `rclone`
+/// checks); a file that grew is refused too, since an append cannot be told from a rewrite.
+struct Stamp {
+    modified: (i64, i64),
+}
+
+impl Stamp {
+    fn of(file: &crate::File) -> Result<Stamp> {
+        let st = sys::fstat(file.as_fd()).map_err(|e| Error::io(Op::Stat, file.path(), 0, 0, e))?;
+        Ok(Stamp {
+            modified: (st.st_mtime, st.st_mtime_nsec),
+        })
+    }
+
+    /// `Ok` if `file` still has `len` bytes and the modification time it had.
+    fn unchanged(&self, file: &crate::File, len: u64) -> Result<()> {
+        let now = file.len()?;
+        let modified = Stamp::of(file)?.modified;
+        if now == len && modified == self.modified {
+            return Ok(());
+        }
+        let why = if now == len {
+            "it was modified".to_string()
+        } else {
+            format!("its size went from {len} to {now} bytes")
+        };
+        Err(Error::io(
+            Op::Read,
+            file.path(),
+            0,
+            len,
+            std::io::Error::other(format!(
+                "the source file changed while it was being uploaded ({why}); the upload was \
+                 aborted, copy it again once it is no longer written to"
+            )),
+        ))
+    }
 }
 
 /// Bytes a download asks for at once: enough ranges to keep every GET slot busy, capped so the

@@ -352,13 +352,18 @@ pub(crate) fn io_error(e: object_store::Error) -> io::Error {
     }
 }
 
-/// Whether a request's error came from a timeout: some error of its chain says so.
+/// Whether a request's error came from a timeout: some error of its chain says so. A body that
+/// stopped coming shows as object_store's `HttpError`; a request that got no answer at all (a
+/// GET, a part upload, a completion) shows only as the reqwest error under object_store's
+/// private retry error, which hides the `HttpError` that wraps it.
 fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(e);
     while let Some(e) = next {
         let timeout = e
             .downcast_ref::<object_store::client::HttpError>()
             .is_some_and(|h| h.kind() == object_store::client::HttpErrorKind::Timeout)
+            || e.downcast_ref::<reqwest::Error>()
+                .is_some_and(reqwest::Error::is_timeout)
             || e.downcast_ref::<io::Error>()
                 .is_some_and(|io| io.kind() == io::ErrorKind::TimedOut);
         if timeout {

@@ -406,4 +406,7 @@ fn the_request_timeout_and_retries_are_settings() {
     let took = started.elapsed();
     assert!(took < Duration::from_millis(2500), "{took:?}: {err}");
     assert!(err.to_string().contains(&server.url), "{err}");
+    // A server that never answers is a timeout, whether the body or the answer itself is late.
+    let kind = std::io::Error::from(err).kind();
+    assert_eq!(kind, std::io::ErrorKind::TimedOut);
 }
