@@ -257,6 +257,96 @@ def test_http_object_replaced_between_requests(http_object: tuple[str, _Object])
         in_thread(lambda: _read_all(f))
 
 
+class _Signed(http.server.BaseHTTPRequestHandler):
+    """Serves objects only to requests whose query carries the right signature, and refuses
+    HEAD with 403 as a store refuses a URL presigned for GET; ranges answer with Content-Range,
+    and a range of an empty object with 416."""
+
+    protocol_version = "HTTP/1.1"
+    objects: dict[str, bytes]
+    requests: list[str]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _answer(self, status: int, body: bytes = b"", extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self.requests.append(f"HEAD {self.path}")
+        self._answer(403)
+
+    def do_GET(self) -> None:
+        self.requests.append(f"GET {self.path}")
+        path, _, query = self.path.partition("?")
+        if "X-Amz-Signature=good" not in query.split("&"):
+            self._answer(403)
+            return
+        body = self.objects.get(path)
+        if body is None:
+            self._answer(404)
+            return
+        etag = {"ETag": '"' + hashlib.md5(body).hexdigest() + '"'}
+        rng = self.headers.get("Range")
+        if rng is None:
+            self._answer(200, body, etag)
+            return
+        a, _, b = rng[len("bytes=") :].partition("-")
+        start, end = int(a), min(int(b) + 1, len(body))
+        if start >= len(body):
+            self._answer(416, b"", {"Content-Range": f"bytes */{len(body)}"})
+            return
+        part = body[start:end]
+        headers = {**etag, "Content-Range": f"bytes {start}-{end - 1}/{len(body)}"}
+        self._answer(206, part, headers)
+
+
+@pytest.fixture
+def signed_server() -> Iterator[tuple[str, type[_Signed]]]:
+    handler = type("S", (_Signed,), {"objects": {}, "requests": []})
+    server = _Server(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_presigned_urls_keep_their_query_and_open_without_head(
+    signed_server: tuple[str, type[_Signed]], tmp_path: Any
+) -> None:
+    """A presigned (or signed, or SAS) URL's query is its authorization: every request carries
+    it, and the object is opened with a ranged GET, since the URL is signed for GET alone."""
+    base, handler = signed_server
+    body = remote_data((3 << 20) + 17, seed=5)
+    handler.objects["/bucket/model.bin"] = body
+    handler.objects["/bucket/empty.bin"] = b""
+    query = "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=good&X-Amz-Expires=300"
+    url = f"{base}/bucket/model.bin?{query}"
+    with ferrio.open(url) as f:
+        assert f.size == len(body)
+        buf = bytearray(len(body))
+        assert in_thread(lambda: f.read(buf)) == len(body)
+    assert bytes(buf) == body
+    assert not any(r.startswith("HEAD") for r in handler.requests)
+    assert all(r.endswith(query) for r in handler.requests), handler.requests
+    with ferrio.open(f"{base}/bucket/empty.bin?{query}") as f:
+        assert f.size == 0 and f.read(bytearray(1)) == 0
+    out = tmp_path / "model.bin"
+    in_thread(lambda: ferrio.copy(url, out))
+    assert out.read_bytes() == body
+    bad = f"{base}/bucket/model.bin?X-Amz-Signature=bad"
+    with pytest.raises(PermissionError) as e:
+        ferrio.open(bad)
+    assert e.value.filename == bad
+
+
 def test_missing_and_malformed_urls(http_object: tuple[str, _Object]) -> None:
     url, _ = http_object
     with pytest.raises(ValueError, match="bad object URL"):

@@ -26,7 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use object_store::ObjectStore;
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, ObjectStore};
 use tokio::sync::Semaphore;
 
 use crate::bounce;
@@ -129,9 +130,12 @@ impl RemoteFile {
             mode: "r".into(),
             source,
         };
-        let meta = handle
-            .block_on(store.head(&location.path))
-            .map_err(|e| open_err(store::io_error(e)))?;
+        let meta = if location.signed {
+            handle.block_on(head_by_get(store.as_ref(), &location.path))
+        } else {
+            handle.block_on(store.head(&location.path))
+        }
+        .map_err(|e| open_err(store::io_error(e)))?;
         Ok(RemoteFile::with_meta(
             url,
             location,
@@ -545,6 +549,29 @@ impl SendPtr {
 // SAFETY: each pointer addresses a slice that exactly one task writes, and the caller keeps the
 // memory valid and unaliased until the request's future resolves (`pread_raw`'s contract).
 unsafe impl Send for SendPtr {}
+
+/// What a HEAD would say of the object at `path`, asked with a GET: the first byte (the size
+/// comes from the `Content-Range` of the answer), or for an object that has none (an empty one
+/// answers that range with 416) the whole object, whose body is dropped unread. For signed URLs,
+/// which are signed for GET alone.
+async fn head_by_get(
+    store: &dyn ObjectStore,
+    path: &Path,
+) -> object_store::Result<object_store::ObjectMeta> {
+    let first = GetOptions {
+        range: Some(GetRange::Bounded(0..1)),
+        ..GetOptions::default()
+    };
+    match store.get_opts(path, first).await {
+        Ok(got) => Ok(got.meta),
+        Err(
+            e @ (object_store::Error::NotFound { .. }
+            | object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. }),
+        ) => Err(e),
+        Err(_) => Ok(store.get_opts(path, GetOptions::default()).await?.meta),
+    }
+}
 
 #[cfg(test)]
 mod tests {

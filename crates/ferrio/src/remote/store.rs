@@ -31,6 +31,24 @@ pub(crate) struct Location {
     pub scheme: ObjectStoreScheme,
     /// The object's key in its store.
     pub path: Path,
+    /// Whether the query string is part of the object's name: an `http(s)://` URL with a query,
+    /// such as an S3 presigned URL, a GCS signed URL or an Azure SAS URL, whose query is its
+    /// authorization. Such a URL is read as a plain HTTP object, whatever its host: the whole
+    /// URL is the store, the path is empty, and it is opened with a GET (a presigned URL is
+    /// signed for its method, so a HEAD is refused).
+    pub signed: bool,
+}
+
+impl Location {
+    /// The part of the URL that names the store: scheme, host and port (and bucket, for stores
+    /// whose host holds it), or the whole URL of a signed one.
+    pub(crate) fn store_part(&self) -> &str {
+        if self.signed {
+            self.url.as_str()
+        } else {
+            &self.url[..url::Position::BeforePath]
+        }
+    }
 }
 
 /// Whether `s` looks like a URL ferrio reads remotely (`s3://`, `gs://`, `az://`, `abfs://`,
@@ -59,6 +77,20 @@ pub(crate) fn parse_prefix(url: &str) -> Result<Location> {
 fn parse_any(url: &str, prefix: bool) -> Result<Location> {
     let bad = |why: String| Error::InvalidArgument(format!("bad object URL {url:?}: {why}"));
     let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
+    let signed = matches!(parsed.scheme(), "http" | "https") && parsed.query().is_some();
+    if signed {
+        if prefix {
+            return Err(bad(
+                "a URL with a query string names one object: it cannot be listed".into(),
+            ));
+        }
+        return Ok(Location {
+            url: parsed,
+            scheme: ObjectStoreScheme::Http,
+            path: Path::default(),
+            signed,
+        });
+    }
     let (scheme, path) = ObjectStoreScheme::parse(&parsed).map_err(|e| bad(e.to_string()))?;
     match scheme {
         ObjectStoreScheme::AmazonS3
@@ -86,6 +118,7 @@ fn parse_any(url: &str, prefix: bool) -> Result<Location> {
         url: parsed,
         scheme,
         path,
+        signed,
     })
 }
 
@@ -202,7 +235,7 @@ fn store_key(loc: &Location, settings: &Settings) -> String {
     format!(
         "{}|{}|{:?}|{:?}|{}|{:?}|{:?}|{:?}",
         crate::sys::process_id(),
-        &loc.url[..url::Position::BeforePath],
+        loc.store_part(),
         settings.remote_connect_timeout,
         settings.remote_timeout,
         settings.remote_retries,
@@ -320,8 +353,9 @@ fn build_new(loc: &Location, settings: &Settings) -> Result<Arc<dyn ObjectStore>
             Arc::new(builder.with_url(url).build().map_err(bad)?)
         }
         _ => {
-            // The store is the server; the object's path is relative to it.
-            let base = &loc.url[..url::Position::BeforePath];
+            // The store is the server, and the object's path is relative to it; for a signed
+            // URL the store is the URL itself, query included, and the path is empty.
+            let base = loc.store_part();
             let builder = HttpBuilder::new()
                 .with_client_options(client_options(settings, loc.url.scheme() == "http"))
                 .with_retry(retry_config(settings))
@@ -415,6 +449,28 @@ mod tests {
             build_with(&loc, &settings).unwrap();
         }
         assert!(STORES.lock().unwrap().len() <= KEPT_STORES);
+    }
+
+    #[test]
+    fn a_url_with_a_query_is_one_signed_http_object_whatever_its_host() {
+        for url in [
+            "https://bucket.s3.us-east-1.amazonaws.com/k/model.bin?X-Amz-Signature=abc",
+            "https://storage.googleapis.com/b/k?X-Goog-Signature=abc&X-Goog-Expires=60",
+            "https://acct.blob.core.windows.net/c/k?sv=2022-11-02&sig=abc",
+            "http://127.0.0.1:9/d/a.bin?token=1",
+        ] {
+            let loc = parse(url).unwrap();
+            assert!(loc.signed, "{url}");
+            assert_eq!(loc.scheme, ObjectStoreScheme::Http, "{url}");
+            assert_eq!(loc.path.as_ref(), "", "{url}");
+            assert_eq!(loc.store_part(), url);
+            assert!(parse_prefix(url).is_err(), "{url} cannot be listed");
+        }
+        // Without a query the host decides, and the store is the URL's part before the path.
+        let loc = parse("https://bucket.s3.us-east-1.amazonaws.com/k/model.bin").unwrap();
+        assert!(!loc.signed);
+        assert_eq!(loc.scheme, ObjectStoreScheme::AmazonS3);
+        assert_eq!(loc.store_part(), "https://bucket.s3.us-east-1.amazonaws.com");
     }
 
     #[test]
