@@ -470,7 +470,10 @@ mod tests {
         let loc = parse("https://bucket.s3.us-east-1.amazonaws.com/k/model.bin").unwrap();
         assert!(!loc.signed);
         assert_eq!(loc.scheme, ObjectStoreScheme::AmazonS3);
-        assert_eq!(loc.store_part(), "https://bucket.s3.us-east-1.amazonaws.com");
+        assert_eq!(
+            loc.store_part(),
+            "https://bucket.s3.us-east-1.amazonaws.com"
+        );
     }
 
     #[test]
