@@ -25,6 +25,8 @@ Destinations, as with GNU cp:
     place when complete, so an existing file is never left half-written.
   - DST a symlink to a file: the copy replaces the link's target and the link stays.
   - DST a dangling symlink: refused (nothing is created where the link points).
+  - DST a device, FIFO or socket (/dev/null, a disk): refused, never replaced by a file; to
+    read files without keeping them use `ferrio read`.
   - DST a file you may not write: refused (renaming over it would bypass its permissions).
   - A copy killed with SIGKILL leaves its temporary file (.NAME.ferrio-PID-...); the next copy
     into that directory removes it once that process is gone.

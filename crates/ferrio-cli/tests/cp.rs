@@ -1,7 +1,7 @@
 //! `ferrio cp` as a user runs it: trees, JSON summary, exit codes, Ctrl-C and a full disk.
 
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -353,4 +353,44 @@ fn cp_onto_a_full_disk_exits_1_naming_the_destination() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(fs::read(&keep).unwrap(), b"old content");
     assert!(temp_files(&mnt).is_empty(), "left {:?}", temp_files(&mnt));
+}
+
+/// Makes a special file at `p` with `mknod(2)` (`mode` holds its kind and permissions).
+fn mknod(p: &Path, mode: libc::mode_t, dev: libc::dev_t) -> bool {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a valid C string naming a path in this test's directory.
+    unsafe { libc::mknod(c.as_ptr(), mode, dev) == 0 }
+}
+
+#[test]
+fn cp_never_replaces_a_device_or_fifo_with_a_file() {
+    let d = tmp();
+    let src = d.path().join("src");
+    fs::write(&src, b"data").unwrap();
+    let fifo = d.path().join("fifo");
+    assert!(mknod(&fifo, libc::S_IFIFO | 0o644, 0), "mkfifo");
+    let link = d.path().join("link");
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    let mut targets = vec![(fifo.clone(), "FIFO"), (link, "FIFO")];
+    // The null device (1:3) needs root to make; a FIFO shows the same rule without it.
+    let null = d.path().join("null");
+    if mknod(&null, libc::S_IFCHR | 0o666, libc::makedev(1, 3)) {
+        targets.push((null.clone(), "character device"));
+    } else {
+        eprintln!("character device part skipped: mknod needs root");
+    }
+    for (dst, kind) in &targets {
+        let o = run(&[Path::new("cp"), &src, dst]);
+        assert_eq!(o.status.code(), Some(1), "{dst:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(kind), "{}", stderr(&o));
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    }
+    assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    if targets.len() == 3 {
+        assert!(fs::symlink_metadata(&null)
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
+    assert!(temp_files(d.path()).is_empty());
 }

@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use std::fs::{self, Metadata};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::walk::Entry;
@@ -212,6 +212,33 @@ pub(super) fn write_target(dst: &Path, existing: Option<&Metadata>) -> Result<Pa
     } else {
         dst.to_path_buf()
     };
+    // A device, FIFO or socket is not a file to replace: renaming over it would swap the node
+    // itself (`/dev/null`, a disk) for a regular file. GNU cp writes into it instead, which a
+    // copy through a temporary name cannot do, so it is refused.
+    if let Ok(m) = fs::metadata(&target) {
+        let t = m.file_type();
+        let kind = if t.is_char_device() {
+            Some("not replacing character device")
+        } else if t.is_block_device() {
+            Some("not replacing block device")
+        } else if t.is_fifo() {
+            Some("not replacing FIFO")
+        } else if t.is_socket() {
+            Some("not replacing socket")
+        } else {
+            None
+        };
+        if let Some(action) = kind {
+            return Err(Error::Fs {
+                action,
+                path: dst.to_path_buf(),
+                source: io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a copy replaces regular files only",
+                ),
+            });
+        }
+    }
     let writable = crate::sys::may_write(&target).map_err(|source| Error::Fs {
         action: "check write permission of",
         path: target.clone(),
