@@ -158,8 +158,13 @@ fn write_all(
         let f = ferrio::File::options()
             .settings(settings.clone())
             .open(p, "w");
-        // Recorded even when the open failed: it may have created the file first.
-        opened.targets.push((p.clone(), was_there));
+        // Recorded even when the open failed: it may have created or truncated the file first.
+        // A device, FIFO or socket the open refused was left as it was: not to be named as
+        // overwritten.
+        let touched = f.is_ok() || !was_there || std::fs::metadata(p).is_ok_and(|m| m.is_file());
+        if touched {
+            opened.targets.push((p.clone(), was_there));
+        }
         files.push(f?);
     }
     let mut windows = Vec::with_capacity(files.len());

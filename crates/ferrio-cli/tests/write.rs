@@ -117,3 +117,39 @@ fn a_full_disk_leaves_no_new_file_and_names_an_overwritten_one() {
     assert!(err.contains("old") && err.contains("overwritten"), "{err}");
     assert!(old.exists(), "a file that was there before is not removed");
 }
+
+#[test]
+fn a_refused_fifo_or_device_is_not_called_overwritten() {
+    let d = tmp();
+    let fifo = d.path().join("fifo");
+    let null = d.path().join("null");
+    let mut targets = vec![fifo.clone()];
+    let make = |p: &Path, mode: libc::mode_t, dev: libc::dev_t| {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a valid C string naming a path in this test's directory.
+        unsafe { libc::mknod(c.as_ptr(), mode, dev) == 0 }
+    };
+    assert!(make(&fifo, libc::S_IFIFO | 0o644, 0), "mkfifo");
+    // The null device (1:3) needs root to make.
+    if make(&null, libc::S_IFCHR | 0o666, libc::makedev(1, 3)) {
+        targets.push(null);
+    } else {
+        eprintln!("character device part skipped: mknod needs root");
+    }
+    for t in &targets {
+        let o = run(&[
+            Path::new("write"),
+            Path::new("--size"),
+            Path::new("1MiB"),
+            t,
+        ]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("only regular files and block devices"),
+            "{err}"
+        );
+        assert!(!err.contains("overwritten"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
