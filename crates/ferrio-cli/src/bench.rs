@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 
 use crate::interrupt::POLL;
 use crate::{
-    check_interrupt, gibps, interrupted, out, parse_size, wait_polled, Interrupted, IoFlags,
-    UsageError,
+    check_interrupt, gibps, interrupted, json_path, out, parse_size, wait_polled, Interrupted,
+    IoFlags, UsageError,
 };
 
 #[derive(clap::Args, Debug)]
@@ -242,7 +242,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
             })
             .collect();
         out(&json!({
-            "file_bytes": a.size, "dir": a.dir, "rounds": a.rounds, "file": info,
+            "file_bytes": a.size, "dir": json_path(&a.dir), "rounds": a.rounds, "file": info,
             "settings": settings_json(&settings), "results": results,
             "ratios": ratios.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
         })

@@ -15,7 +15,7 @@ use ferrio::{CopyMethod, CopyOptions, CopyProgress, CopyReport};
 use serde_json::json;
 
 use crate::progress::Progress;
-use crate::{gibps, interrupted, out, parse_size, Interrupted, IoFlags, UsageError};
+use crate::{gibps, interrupted, json_path, out, parse_size, Interrupted, IoFlags, UsageError};
 
 /// How `ferrio cp` treats what is already there, shown under `ferrio cp --help`.
 const DESTINATION_RULES: &str = "\
@@ -209,7 +209,7 @@ fn summary_json(r: &CopyReport) -> serde_json::Value {
     let errors: Vec<_> = r
         .errors
         .iter()
-        .map(|e| json!({"path": e.path, "dest": e.dest, "error": e.error.to_string()}))
+        .map(|e| json!({"path": json_path(&e.path), "dest": json_path(&e.dest), "error": e.error.to_string()}))
         .collect();
     json!({
         "files": r.files,

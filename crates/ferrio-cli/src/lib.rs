@@ -220,6 +220,12 @@ fn setting_help(what: &str, name: &str) -> String {
     }
 }
 
+/// A path as a JSON string. JSON holds Unicode text only, so bytes of a name that are not UTF-8
+/// become U+FFFD (serde refuses such a path, which `json!` turns into a panic).
+pub(crate) fn json_path(p: &std::path::Path) -> serde_json::Value {
+    serde_json::Value::String(p.to_string_lossy().into_owned())
+}
+
 /// A path that must exist, checked before any work starts.
 pub(crate) fn existing(path: &PathBuf) -> anyhow::Result<()> {
     match std::fs::metadata(path) {

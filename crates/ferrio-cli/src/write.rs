@@ -14,7 +14,8 @@ use serde_json::json;
 
 use crate::progress::Progress;
 use crate::{
-    check_interrupt, gibps, out, parse_size, wait_polled, Interrupted, IoFlags, UsageError,
+    check_interrupt, gibps, json_path, out, parse_size, wait_polled, Interrupted, IoFlags,
+    UsageError,
 };
 
 /// Bytes generated and written per step.
@@ -212,7 +213,7 @@ fn write_all(
             .paths
             .iter()
             .zip(&outcomes)
-            .map(|(p, (n, t))| json!({"path": p, "bytes": n, "seconds": t, "gib_per_s": gibps(*n, *t)}))
+            .map(|(p, (n, t))| json!({"path": json_path(p), "bytes": n, "seconds": t, "gib_per_s": gibps(*n, *t)}))
             .collect();
         out(&json!({
             "bytes": written, "seconds": secs, "gib_per_s": gibps(written, secs),

@@ -155,6 +155,39 @@ fn write_then_read_and_info_as_json() {
     );
 }
 
+#[test]
+fn json_names_a_path_that_is_not_utf8() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let d = tmp();
+    let f = d.path().join(OsStr::from_bytes(b"caf\xe9.bin"));
+    let lossy = f.to_string_lossy().into_owned();
+    assert!(lossy.contains('\u{fffd}'));
+    let json_of = |args: &[&OsStr], code: i32| -> serde_json::Value {
+        let o = ferrio()
+            .args(args)
+            .arg("--json")
+            .output()
+            .expect("run ferrio");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        serde_json::from_slice(&o.stdout).expect("one JSON object")
+    };
+    let (size, one) = (OsStr::new("--size"), OsStr::new("1MiB"));
+    let v = json_of(&[OsStr::new("write"), f.as_os_str(), size, one], 0);
+    assert_eq!(v["files"][0]["path"], lossy.as_str());
+    let v = json_of(&[OsStr::new("read"), f.as_os_str()], 0);
+    assert_eq!(v["files"][0]["path"], lossy.as_str());
+    let v = json_of(&[OsStr::new("info"), f.as_os_str()], 0);
+    assert_eq!(v["path"], lossy.as_str());
+    // A failed copy's JSON names the source and the destination.
+    let dest = d.path().join("no-dir").join(OsStr::from_bytes(b"\xff"));
+    let v = json_of(&[OsStr::new("cp"), f.as_os_str(), dest.as_os_str()], 1);
+    assert_eq!(v["errors"][0]["path"], lossy.as_str());
+    assert_eq!(v["errors"][0]["dest"], dest.to_string_lossy().as_ref());
+}
+
 fn leftovers(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .unwrap()
