@@ -4,7 +4,7 @@
 //!
 //! Exit status: 0 when everything was copied, 2 for a bad command line or a source that does not
 //! exist (nothing is copied then), 1 when some file failed (each failure gets a line on stderr;
-//! the other files are copied), 130 after Ctrl-C (no partial file is left).
+//! the other files are copied), 130 after Ctrl-C, 143 after `SIGTERM` (no partial file is left).
 
 use std::path::PathBuf;
 use std::sync::mpsc::RecvTimeoutError;
@@ -45,7 +45,8 @@ URLs (s3://, gs://, az://; http(s):// as a source only) may stand for a SRC or D
     objects is an error; a key with an empty, . or .. component refuses the whole copy.
 
 Exit status: 0 all copied, 2 bad usage or missing source (nothing copied), 1 some file failed
-(one line each on stderr; the others are copied), 130 Ctrl-C (no partial file is left).";
+(one line each on stderr; the others are copied), 130 Ctrl-C, 143 SIGTERM (no partial file is
+left).";
 
 #[derive(clap::Args, Debug)]
 #[command(override_usage = "ferrio cp [OPTIONS] SRC... DST", after_help = DESTINATION_RULES)]

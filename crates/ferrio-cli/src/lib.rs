@@ -3,7 +3,8 @@
 //!
 //! Exit status: 0 on success (also when stdout is a closed pipe), 2 on bad usage or input
 //! (unknown flags, bad sizes, missing files, bad `FERRIO_*` values), 1 when I/O fails, 130 after
-//! Ctrl-C. Errors are one line on stderr, never a panic or a backtrace.
+//! Ctrl-C, 143 after `SIGTERM` (both clean up first). Errors are one line on stderr, never a
+//! panic or a backtrace.
 
 mod bench;
 mod cp;
@@ -91,8 +92,9 @@ pub fn run(args: Vec<OsString>) -> i32 {
 
 fn report(e: &anyhow::Error) -> i32 {
     if e.downcast_ref::<Interrupted>().is_some() {
-        eprintln!("ferrio: interrupted");
-        return 130;
+        let (message, status) = interrupt::exit_status();
+        eprintln!("ferrio: {message}");
+        return status;
     }
     if let Some(io) = e.downcast_ref::<std::io::Error>() {
         if io.kind() == ErrorKind::BrokenPipe {

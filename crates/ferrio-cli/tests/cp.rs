@@ -199,6 +199,18 @@ fn cp_preserve_keeps_mode_and_mtime() {
 
 #[test]
 fn ctrl_c_during_cp_leaves_no_partial_file_and_exits_130() {
+    signal_mid_copy(libc::SIGINT, 130);
+}
+
+#[test]
+fn sigterm_during_cp_leaves_no_partial_file_and_exits_143() {
+    // What `kill` and `timeout` send: left to the default action it would leave the temporary
+    // file (a copy's worth of space) until the next copy into that directory.
+    signal_mid_copy(libc::SIGTERM, 143);
+}
+
+/// Sends `signal` to a copy under way; it must exit with `code` and leave nothing behind.
+fn signal_mid_copy(signal: libc::c_int, code: i32) {
     let d = tmp();
     let src = d.path().join("big");
     fs::write(&src, bytes(384 << 20, 3)).unwrap();
@@ -229,9 +241,9 @@ fn ctrl_c_during_cp_leaves_no_partial_file_and_exits_130() {
     }
     assert!(!temp_files(&out).is_empty(), "the copy never started");
     // SAFETY: plain kill(2) of our own child.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    unsafe { libc::kill(child.id() as libc::pid_t, signal) };
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130));
+    assert_eq!(status.code(), Some(code), "{status:?}");
     assert!(temp_files(&out).is_empty(), "left {:?}", temp_files(&out));
     assert_eq!(
         fs::read(out.join("big")).unwrap(),
