@@ -142,10 +142,14 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// Prints a line to stdout, turning a closed pipe into an error [`report`] treats as success.
+/// Any other failure says it was the output that failed (stdout on a full disk), not the work.
 pub(crate) fn out(line: &str) -> anyhow::Result<()> {
     let mut o = std::io::stdout().lock();
-    writeln!(o, "{line}")?;
-    Ok(())
+    match writeln!(o, "{line}") {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => Err(e.into()),
+        Err(e) => Err(anyhow::Error::new(e).context("cannot write to standard output")),
+    }
 }
 
 /// Settings overrides shared by the commands that do I/O. Their help takes each setting's

@@ -188,6 +188,31 @@ fn json_names_a_path_that_is_not_utf8() {
     assert_eq!(v["errors"][0]["dest"], dest.to_string_lossy().as_ref());
 }
 
+#[test]
+fn a_full_stdout_is_named_as_the_failure() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipped: no /dev/full");
+        return;
+    };
+    let d = tmp();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    std::fs::write(&src, b"data").unwrap();
+    let o = ferrio()
+        .arg("cp")
+        .arg(&src)
+        .arg(&dst)
+        .stdout(full)
+        .output()
+        .expect("run ferrio");
+    // The copy itself succeeded; only its summary could not be printed.
+    assert_one_line_error(
+        &o,
+        1,
+        "cannot write to standard output: No space left on device",
+    );
+    assert_eq!(std::fs::read(&dst).unwrap(), b"data");
+}
+
 fn leftovers(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .unwrap()
