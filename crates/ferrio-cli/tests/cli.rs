@@ -213,6 +213,41 @@ fn a_full_stdout_is_named_as_the_failure() {
     assert_eq!(std::fs::read(&dst).unwrap(), b"data");
 }
 
+#[test]
+fn a_block_device_is_described_and_pooled_as_its_own_device() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (losetup)");
+        return;
+    }
+    let d = tmp();
+    let img = d.path().join("img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(8 << 20))
+        .unwrap();
+    let o = Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&img)
+        .output();
+    let dev = match o {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        other => {
+            eprintln!("skipped: losetup failed: {other:?}");
+            return;
+        }
+    };
+    let o = run(&["info", &dev, "--json"]);
+    let _ = Command::new("losetup").args(["-d", &dev]).status();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let name = dev.trim_start_matches("/dev/");
+    // Not the devtmpfs that holds the node (pool fs:0:N, shared by every device node).
+    assert_eq!(v["pool"]["key"], name, "{v}");
+    assert_eq!(v["has_block_device"], true, "{v}");
+    assert_eq!(v["fs_type"], "block device", "{v}");
+    assert_eq!(v["size"], 8 << 20, "{v}");
+}
+
 fn leftovers(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .unwrap()
