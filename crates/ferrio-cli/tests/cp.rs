@@ -406,3 +406,33 @@ fn cp_never_replaces_a_device_or_fifo_with_a_file() {
     }
     assert!(temp_files(d.path()).is_empty());
 }
+
+#[test]
+fn cp_r_into_itself_through_a_bind_mount_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (mount --bind)");
+        return;
+    }
+    let d = tmp();
+    let (dir, view) = (d.path().join("dir"), d.path().join("view"));
+    fs::create_dir(&dir).unwrap();
+    fs::create_dir(&view).unwrap();
+    fs::write(dir.join("f"), b"x").unwrap();
+    let bound = Command::new("mount")
+        .arg("--bind")
+        .arg(&dir)
+        .arg(&view)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !bound {
+        eprintln!("skipped: mount --bind failed");
+        return;
+    }
+    // `view` is `dir` under another name: `cp -r dir view/` would copy dir into dir/dir.
+    let o = run(&[Path::new("cp"), Path::new("-r"), &dir, &view]);
+    let _ = Command::new("umount").arg(&view).status();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("into itself"), "{}", stderr(&o));
+    assert!(!dir.join("dir").exists(), "copied into itself");
+}

@@ -118,9 +118,11 @@ fn base_name(src: &Path) -> Result<OsString> {
         .ok_or_else(|| Error::InvalidArgument(format!("cannot copy {} by name", src.display())))
 }
 
-/// Whether `dst` (which may not exist yet) is `dir` or lies inside it.
+/// Whether `dst` (which may not exist yet) is `dir` or lies inside it. Directories are compared
+/// by identity (device and inode), not by name: a bind mount shows one directory under two
+/// names that no resolution of symlinks makes equal.
 fn is_inside(dir: &Path, dst: &Path) -> bool {
-    let Ok(dir) = fs::canonicalize(dir) else {
+    let Ok(dir) = fs::metadata(dir) else {
         return false;
     };
     let dst = match fs::canonicalize(dst) {
@@ -136,7 +138,8 @@ fn is_inside(dir: &Path, dst: &Path) -> bool {
             parent.join(name)
         }
     };
-    dst.starts_with(&dir)
+    dst.ancestors()
+        .any(|a| fs::metadata(a).is_ok_and(|m| m.dev() == dir.dev() && m.ino() == dir.ino()))
 }
 
 impl Copier<'_> {
