@@ -20,7 +20,7 @@ use crate::{
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
-    /// Directory for the temporary file [default: the current directory]
+    /// Directory for the temporary file
     #[arg(long, default_value = ".")]
     dir: PathBuf,
     /// Size of the temporary file, e.g. 2GiB
@@ -91,6 +91,9 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         return Err(UsageError("--size must be at least 1MiB".into()).into());
     }
     crate::existing(&a.dir)?;
+    if !a.dir.is_dir() {
+        return Err(UsageError(format!("--dir {}: not a directory", a.dir.display())).into());
+    }
     check_space(&a.dir, a.size)?;
     if a.compare {
         for tool in ["fio", "dd"] {

@@ -291,6 +291,11 @@ fn bench_reports_and_cleans_up() {
         "1000000GiB",
     ]);
     assert_one_line_error(&o, 2, "free");
+    // So is a --dir that is a file, as one that does not exist.
+    let f = d.path().join("f");
+    std::fs::write(&f, b"x").unwrap();
+    let o = run(&["bench", "--dir", f.to_str().unwrap(), "--size", "1MiB"]);
+    assert_one_line_error(&o, 2, "not a directory");
 }
 
 #[test]
