@@ -58,9 +58,15 @@ def test_cli_main_gives_ctrl_c_back_to_python(tmp_path: Path) -> None:
     script = f"""
 import os, signal, ferrio._native as n
 signal.signal(signal.SIGINT, signal.default_int_handler)
+def on_term(signum, frame):
+    print("SIGTERM handled")
+signal.signal(signal.SIGTERM, on_term)
 for _ in range(2):
     assert n.cli_main(["ferrio", "read", {str(path)!r}]) == 0
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(1000):
+        pass
     try:
         os.kill(os.getpid(), signal.SIGINT)
         for _ in range(1000):
@@ -73,3 +79,5 @@ for _ in range(2):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines().count("KeyboardInterrupt") == 2, out.stdout
+    # The SIGTERM handler the command line installs for its run is taken down too.
+    assert out.stdout.splitlines().count("SIGTERM handled") == 2, out.stdout

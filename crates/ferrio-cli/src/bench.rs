@@ -14,13 +14,13 @@ use serde_json::{json, Value};
 
 use crate::interrupt::POLL;
 use crate::{
-    check_interrupt, gibps, interrupted, out, parse_size, wait_polled, Interrupted, IoFlags,
-    UsageError,
+    check_interrupt, gibps, interrupted, json_path, out, parse_size, wait_polled, Interrupted,
+    IoFlags, UsageError,
 };
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
-    /// Directory for the temporary file [default: the current directory]
+    /// Directory for the temporary file
     #[arg(long, default_value = ".")]
     dir: PathBuf,
     /// Size of the temporary file, e.g. 2GiB
@@ -91,6 +91,9 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         return Err(UsageError("--size must be at least 1MiB".into()).into());
     }
     crate::existing(&a.dir)?;
+    if !a.dir.is_dir() {
+        return Err(UsageError(format!("--dir {}: not a directory", a.dir.display())).into());
+    }
     check_space(&a.dir, a.size)?;
     if a.compare {
         for tool in ["fio", "dd"] {
@@ -242,7 +245,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
             })
             .collect();
         out(&json!({
-            "file_bytes": a.size, "dir": a.dir, "rounds": a.rounds, "file": info,
+            "file_bytes": a.size, "dir": json_path(&a.dir), "rounds": a.rounds, "file": info,
             "settings": settings_json(&settings), "results": results,
             "ratios": ratios.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
         })

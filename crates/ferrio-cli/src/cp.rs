@@ -4,7 +4,7 @@
 //!
 //! Exit status: 0 when everything was copied, 2 for a bad command line or a source that does not
 //! exist (nothing is copied then), 1 when some file failed (each failure gets a line on stderr;
-//! the other files are copied), 130 after Ctrl-C (no partial file is left).
+//! the other files are copied), 130 after Ctrl-C, 143 after `SIGTERM` (no partial file is left).
 
 use std::path::PathBuf;
 use std::sync::mpsc::RecvTimeoutError;
@@ -15,7 +15,7 @@ use ferrio::{CopyMethod, CopyOptions, CopyProgress, CopyReport};
 use serde_json::json;
 
 use crate::progress::Progress;
-use crate::{gibps, interrupted, out, parse_size, Interrupted, IoFlags, UsageError};
+use crate::{gibps, interrupted, json_path, out, parse_size, Interrupted, IoFlags, UsageError};
 
 /// How `ferrio cp` treats what is already there, shown under `ferrio cp --help`.
 const DESTINATION_RULES: &str = "\
@@ -25,6 +25,8 @@ Destinations, as with GNU cp:
     place when complete, so an existing file is never left half-written.
   - DST a symlink to a file: the copy replaces the link's target and the link stays.
   - DST a dangling symlink: refused (nothing is created where the link points).
+  - DST a device, FIFO or socket (/dev/null, a disk): refused, never replaced by a file; to
+    read files without keeping them use `ferrio read`.
   - DST a file you may not write: refused (renaming over it would bypass its permissions).
   - A copy killed with SIGKILL leaves its temporary file (.NAME.ferrio-PID-...); the next copy
     into that directory removes it once that process is gone.
@@ -43,7 +45,8 @@ URLs (s3://, gs://, az://; http(s):// as a source only) may stand for a SRC or D
     objects is an error; a key with an empty, . or .. component refuses the whole copy.
 
 Exit status: 0 all copied, 2 bad usage or missing source (nothing copied), 1 some file failed
-(one line each on stderr; the others are copied), 130 Ctrl-C (no partial file is left).";
+(one line each on stderr; the others are copied), 130 Ctrl-C, 143 SIGTERM (no partial file is
+left).";
 
 #[derive(clap::Args, Debug)]
 #[command(override_usage = "ferrio cp [OPTIONS] SRC... DST", after_help = DESTINATION_RULES)]
@@ -207,7 +210,7 @@ fn summary_json(r: &CopyReport) -> serde_json::Value {
     let errors: Vec<_> = r
         .errors
         .iter()
-        .map(|e| json!({"path": e.path, "dest": e.dest, "error": e.error.to_string()}))
+        .map(|e| json!({"path": json_path(&e.path), "dest": json_path(&e.dest), "error": e.error.to_string()}))
         .collect();
     json!({
         "files": r.files,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use crate::{existing, out, UsageError};
+use crate::{existing, json_path, out, UsageError};
 
 /// A PCIe link in words: `16.0 GT/s PCIe x16`, `unknown` for what sysfs does not say.
 fn link_text(link: &ferrio::topology::Link) -> String {
@@ -146,7 +146,8 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
             _ => (Value::Null, Value::Null),
         };
         out(&json!({
-            "path": path, "size": size, "fs_type": chain.fs_type, "mount_point": chain.mount_point,
+            "path": json_path(&path), "size": size, "fs_type": chain.fs_type,
+            "mount_point": chain.mount_point.as_deref().map(json_path),
             "dev": chain.dev().to_string(), "has_block_device": chain.has_block_device(),
             "nodes": chain.nodes().iter().map(|n| n.to_string()).collect::<Vec<_>>(),
             "disks": disks,

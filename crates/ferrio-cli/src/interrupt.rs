@@ -1,18 +1,22 @@
-//! Ctrl-C: a `SIGINT` handler that only raises a flag, installed for the length of one
+//! Ctrl-C and `SIGTERM`: a handler that only notes the signal, installed for the length of one
 //! [`crate::run`] and taken down afterwards, so that a process embedding the command line (the
-//! Python console script, `ferrio._native.cli_main`) gets its own handler back.
+//! Python console script, `ferrio._native.cli_main`) gets its own handlers back.
 //!
 //! Long loops poll [`interrupted`] between steps, clean up, and end with [`Interrupted`]
-//! (exit status 130). The `ctrlc` crate was not used: it cannot remove its handler.
+//! (exit status 128 + the signal: 130 for Ctrl-C, 143 for `SIGTERM`, as a shell reports a
+//! process the signal killed). `SIGTERM` is what `kill`, `timeout` and service managers send:
+//! left to kill the process, it would leave a copy's temporary file or a half-written file.
+//! The `ctrlc` crate was not used: it cannot remove its handler.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 /// How often a wait looks at the Ctrl-C flag: well under the few tenths of a second a person
 /// notices.
 pub(crate) const POLL: Duration = Duration::from_millis(25);
 
-/// The user pressed Ctrl-C (exit status 130).
+/// The user pressed Ctrl-C or the process was sent `SIGTERM` (exit status 128 + the signal, see
+/// [`exit_status`]).
 #[derive(Debug)]
 pub(crate) struct Interrupted;
 
@@ -24,11 +28,25 @@ impl std::fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// The signal that stopped the command (`SIGINT` or `SIGTERM`), or 0 while none came.
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
 
-/// Whether Ctrl-C was pressed; long loops check this between steps and clean up.
+/// The signals that stop a command cleanly.
+const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+
+/// Whether Ctrl-C was pressed (or `SIGTERM` came); long loops check this between steps and
+/// clean up.
 pub(crate) fn interrupted() -> bool {
-    INTERRUPTED.load(Ordering::Relaxed)
+    SIGNAL.load(Ordering::Relaxed) != 0
+}
+
+/// The message and exit status for an [`Interrupted`] command: `interrupted` and 130 after
+/// Ctrl-C, `terminated` and 143 after `SIGTERM`.
+pub(crate) fn exit_status() -> (&'static str, i32) {
+    match SIGNAL.load(Ordering::Relaxed) {
+        libc::SIGTERM => ("terminated", 128 + libc::SIGTERM),
+        _ => ("interrupted", 128 + libc::SIGINT),
+    }
 }
 
 /// Fails with [`Interrupted`] if Ctrl-C was pressed.
@@ -53,46 +71,51 @@ pub(crate) fn wait_polled<B>(fut: &ferrio::IoFuture<B>) -> anyhow::Result<()> {
     Ok(())
 }
 
-extern "C" fn on_sigint(_signal: libc::c_int) {
-    // An atomic store is async-signal-safe; nothing else happens in the handler.
-    INTERRUPTED.store(true, Ordering::Relaxed);
+extern "C" fn on_signal(signal: libc::c_int) {
+    // An atomic store is async-signal-safe; nothing else happens in the handler. The first
+    // signal is kept: it is the one the command stops for.
+    let _ = SIGNAL.compare_exchange(0, signal, Ordering::Relaxed, Ordering::Relaxed);
 }
 
-/// Our `SIGINT` handler while it lives; the previous disposition comes back when it is dropped.
+/// Our `SIGINT` and `SIGTERM` handler while it lives; the previous dispositions come back when
+/// it is dropped.
 pub(crate) struct CtrlC {
-    previous: Option<libc::sigaction>,
+    previous: Vec<(libc::c_int, libc::sigaction)>,
 }
 
 impl CtrlC {
     /// Clears the flag and installs the handler. If the handler cannot be installed the command
-    /// still runs (Ctrl-C then does what it did before).
+    /// still runs (the signal then does what it did before).
     pub(crate) fn install() -> CtrlC {
-        INTERRUPTED.store(false, Ordering::Relaxed);
+        SIGNAL.store(0, Ordering::Relaxed);
         // SAFETY: an all-zero `sigaction` is a valid value (empty mask, no flags) for the fields
         // set below to complete.
         let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-        action.sa_sigaction = on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
         // Interrupted syscalls restart: the flag is polled, so no call needs to see EINTR.
         action.sa_flags = libc::SA_RESTART;
         // SAFETY: `action.sa_mask` is a valid sigset_t owned by this frame.
         unsafe { libc::sigemptyset(&mut action.sa_mask) };
-        // SAFETY: as above, zeroed memory is a valid `sigaction` for the kernel to fill.
-        let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: both pointers refer to live, initialised `sigaction` values; the handler only
-        // stores to an atomic, which is async-signal-safe.
-        let installed = unsafe { libc::sigaction(libc::SIGINT, &action, &mut previous) } == 0;
-        CtrlC {
-            previous: installed.then_some(previous),
+        let mut previous = Vec::with_capacity(SIGNALS.len());
+        for signal in SIGNALS {
+            // SAFETY: as above, zeroed memory is a valid `sigaction` for the kernel to fill.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: both pointers refer to live, initialised `sigaction` values; the handler
+            // only stores to an atomic, which is async-signal-safe.
+            if unsafe { libc::sigaction(signal, &action, &mut old) } == 0 {
+                previous.push((signal, old));
+            }
         }
+        CtrlC { previous }
     }
 }
 
 impl Drop for CtrlC {
     fn drop(&mut self) {
-        if let Some(previous) = &self.previous {
+        for (signal, previous) in &self.previous {
             // SAFETY: `previous` is the disposition the kernel gave back at install, still valid
             // (a handler of the embedding process, or SIG_DFL/SIG_IGN).
-            unsafe { libc::sigaction(libc::SIGINT, previous, std::ptr::null_mut()) };
+            unsafe { libc::sigaction(*signal, previous, std::ptr::null_mut()) };
         }
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Exit status: 0 on success (also when stdout is a closed pipe), 2 on bad usage or input
 //! (unknown flags, bad sizes, missing files, bad `FERRIO_*` values), 1 when I/O fails, 130 after
-//! Ctrl-C. Errors are one line on stderr, never a panic or a backtrace.
+//! Ctrl-C, 143 after `SIGTERM` (both clean up first). Errors are one line on stderr, never a
+//! panic or a backtrace.
 
 mod bench;
 mod cp;
@@ -91,8 +92,9 @@ pub fn run(args: Vec<OsString>) -> i32 {
 
 fn report(e: &anyhow::Error) -> i32 {
     if e.downcast_ref::<Interrupted>().is_some() {
-        eprintln!("ferrio: interrupted");
-        return 130;
+        let (message, status) = interrupt::exit_status();
+        eprintln!("ferrio: {message}");
+        return status;
     }
     if let Some(io) = e.downcast_ref::<std::io::Error>() {
         if io.kind() == ErrorKind::BrokenPipe {
@@ -140,10 +142,14 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// Prints a line to stdout, turning a closed pipe into an error [`report`] treats as success.
+/// Any other failure says it was the output that failed (stdout on a full disk), not the work.
 pub(crate) fn out(line: &str) -> anyhow::Result<()> {
     let mut o = std::io::stdout().lock();
-    writeln!(o, "{line}")?;
-    Ok(())
+    match writeln!(o, "{line}") {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => Err(e.into()),
+        Err(e) => Err(anyhow::Error::new(e).context("cannot write to standard output")),
+    }
 }
 
 /// Settings overrides shared by the commands that do I/O. Their help takes each setting's
@@ -218,6 +224,12 @@ fn setting_help(what: &str, name: &str) -> String {
         Some(i) => format!("{what} [default: {}, else {}]", i.env, i.default),
         None => what.to_string(),
     }
+}
+
+/// A path as a JSON string. JSON holds Unicode text only, so bytes of a name that are not UTF-8
+/// become U+FFFD (serde refuses such a path, which `json!` turns into a panic).
+pub(crate) fn json_path(p: &std::path::Path) -> serde_json::Value {
+    serde_json::Value::String(p.to_string_lossy().into_owned())
 }
 
 /// A path that must exist, checked before any work starts.

@@ -12,7 +12,7 @@ use anyhow::Context;
 use serde_json::json;
 
 use crate::progress::Progress;
-use crate::{check_interrupt, existing, gibps, out, wait_polled, IoFlags};
+use crate::{check_interrupt, existing, gibps, json_path, out, wait_polled, IoFlags};
 
 /// Host memory for the windows of all files together: a read of many or huge files must fit in
 /// a small machine (or cgroup) rather than be killed for memory.
@@ -224,7 +224,7 @@ fn report(done: &Finished, gpu: Option<usize>, json_out: bool) -> anyhow::Result
     if json_out {
         let files: Vec<_> = outcomes
             .iter()
-            .map(|o| json!({"path": o.path, "bytes": o.bytes, "seconds": o.secs, "gib_per_s": gibps(o.bytes, o.secs)}))
+            .map(|o| json!({"path": json_path(&o.path), "bytes": o.bytes, "seconds": o.secs, "gib_per_s": gibps(o.bytes, o.secs)}))
             .collect();
         let v = json!({
             "bytes": bytes, "seconds": secs, "gib_per_s": gibps(bytes, secs), "into": into,

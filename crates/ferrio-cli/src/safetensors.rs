@@ -80,7 +80,7 @@ fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
     let width = header
         .tensors
         .iter()
-        .map(|t| t.name.len())
+        .map(|t| printable(&t.name).chars().count())
         .max()
         .unwrap_or(4)
         .max(4);
@@ -91,7 +91,7 @@ fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
     for t in &header.tensors {
         out(&format!(
             "{:<width$}  {:<11}  {:<20}  {:>14}  {:>14}",
-            t.name,
+            printable(&t.name),
             t.dtype.name(),
             format!("{:?}", t.shape),
             t.nbytes(),
@@ -100,7 +100,7 @@ fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
     }
     if let Some(meta) = &header.metadata {
         for (k, v) in meta {
-            out(&format!("metadata {k} = {v}"))?;
+            out(&format!("metadata {} = {}", printable(k), printable(v)))?;
         }
     }
     out(&format!(
@@ -109,4 +109,19 @@ fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
         header.data_len(),
         start
     ))
+}
+
+/// `s` with its control characters escaped (`\n`, `\u{1b}`): names and metadata come from the
+/// file, which may hold newlines that would break the table, or escape sequences a terminal
+/// would obey.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }

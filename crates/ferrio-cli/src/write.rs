@@ -6,7 +6,9 @@
 
 use std::collections::VecDeque;
 use std::ffi::CString;
+use std::io::{Seek, SeekFrom};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -14,7 +16,8 @@ use serde_json::json;
 
 use crate::progress::Progress;
 use crate::{
-    check_interrupt, gibps, out, parse_size, wait_polled, Interrupted, IoFlags, UsageError,
+    check_interrupt, gibps, json_path, out, parse_size, wait_polled, Interrupted, IoFlags,
+    UsageError,
 };
 
 /// Bytes generated and written per step.
@@ -50,7 +53,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         .into());
     }
     for p in &a.paths {
-        existed.push(check_target(p)?);
+        existed.push(check_target(p, a.size)?);
     }
     let mut opened = Opened {
         targets: Vec::new(),
@@ -97,16 +100,31 @@ impl Opened {
     }
 }
 
-/// Checks that `p` can be written without touching it: not a directory, in an existing,
-/// writable directory, writable itself if it exists. Returns whether it exists.
-fn check_target(p: &Path) -> anyhow::Result<bool> {
+/// Checks that `size` bytes can be written to `p` without touching it: not a directory, in an
+/// existing, writable directory, writable itself if it exists, large enough if it is a block
+/// device. Returns whether it exists.
+fn check_target(p: &Path, size: u64) -> anyhow::Result<bool> {
     let bad =
         |why: String| -> anyhow::Error { UsageError(format!("{}: {why}", p.display())).into() };
     match std::fs::metadata(p) {
         Ok(m) if m.is_dir() => return Err(bad("is a directory".into())),
-        Ok(_) => {
+        Ok(m) => {
             if !may_write(p) {
                 return Err(bad("permission denied (not writable)".into()));
+            }
+            // A device cannot grow: a write past its end would fail after the device was
+            // opened for writing (the kernel says only EINVAL).
+            if m.file_type().is_block_device() {
+                let held = std::fs::File::open(p).and_then(|mut f| f.seek(SeekFrom::End(0)));
+                if let Ok(held) = held {
+                    if size > held {
+                        return Err(bad(format!(
+                            "--size {} is more than the device holds ({})",
+                            ferrio::config::format_size(size),
+                            ferrio::config::format_size(held)
+                        )));
+                    }
+                }
             }
             return Ok(true);
         }
@@ -158,8 +176,13 @@ fn write_all(
         let f = ferrio::File::options()
             .settings(settings.clone())
             .open(p, "w");
-        // Recorded even when the open failed: it may have created the file first.
-        opened.targets.push((p.clone(), was_there));
+        // Recorded even when the open failed: it may have created or truncated the file first.
+        // A device, FIFO or socket the open refused was left as it was: not to be named as
+        // overwritten.
+        let touched = f.is_ok() || !was_there || std::fs::metadata(p).is_ok_and(|m| m.is_file());
+        if touched {
+            opened.targets.push((p.clone(), was_there));
+        }
         files.push(f?);
     }
     let mut windows = Vec::with_capacity(files.len());
@@ -207,7 +230,7 @@ fn write_all(
             .paths
             .iter()
             .zip(&outcomes)
-            .map(|(p, (n, t))| json!({"path": p, "bytes": n, "seconds": t, "gib_per_s": gibps(*n, *t)}))
+            .map(|(p, (n, t))| json!({"path": json_path(p), "bytes": n, "seconds": t, "gib_per_s": gibps(*n, *t)}))
             .collect();
         out(&json!({
             "bytes": written, "seconds": secs, "gib_per_s": gibps(written, secs),

@@ -155,6 +155,99 @@ fn write_then_read_and_info_as_json() {
     );
 }
 
+#[test]
+fn json_names_a_path_that_is_not_utf8() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let d = tmp();
+    let f = d.path().join(OsStr::from_bytes(b"caf\xe9.bin"));
+    let lossy = f.to_string_lossy().into_owned();
+    assert!(lossy.contains('\u{fffd}'));
+    let json_of = |args: &[&OsStr], code: i32| -> serde_json::Value {
+        let o = ferrio()
+            .args(args)
+            .arg("--json")
+            .output()
+            .expect("run ferrio");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        serde_json::from_slice(&o.stdout).expect("one JSON object")
+    };
+    let (size, one) = (OsStr::new("--size"), OsStr::new("1MiB"));
+    let v = json_of(&[OsStr::new("write"), f.as_os_str(), size, one], 0);
+    assert_eq!(v["files"][0]["path"], lossy.as_str());
+    let v = json_of(&[OsStr::new("read"), f.as_os_str()], 0);
+    assert_eq!(v["files"][0]["path"], lossy.as_str());
+    let v = json_of(&[OsStr::new("info"), f.as_os_str()], 0);
+    assert_eq!(v["path"], lossy.as_str());
+    // A failed copy's JSON names the source and the destination.
+    let dest = d.path().join("no-dir").join(OsStr::from_bytes(b"\xff"));
+    let v = json_of(&[OsStr::new("cp"), f.as_os_str(), dest.as_os_str()], 1);
+    assert_eq!(v["errors"][0]["path"], lossy.as_str());
+    assert_eq!(v["errors"][0]["dest"], dest.to_string_lossy().as_ref());
+}
+
+#[test]
+fn a_full_stdout_is_named_as_the_failure() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipped: no /dev/full");
+        return;
+    };
+    let d = tmp();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    std::fs::write(&src, b"data").unwrap();
+    let o = ferrio()
+        .arg("cp")
+        .arg(&src)
+        .arg(&dst)
+        .stdout(full)
+        .output()
+        .expect("run ferrio");
+    // The copy itself succeeded; only its summary could not be printed.
+    assert_one_line_error(
+        &o,
+        1,
+        "cannot write to standard output: No space left on device",
+    );
+    assert_eq!(std::fs::read(&dst).unwrap(), b"data");
+}
+
+#[test]
+fn a_block_device_is_described_and_pooled_as_its_own_device() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (losetup)");
+        return;
+    }
+    let d = tmp();
+    let img = d.path().join("img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(8 << 20))
+        .unwrap();
+    let o = Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&img)
+        .output();
+    let dev = match o {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        other => {
+            eprintln!("skipped: losetup failed: {other:?}");
+            return;
+        }
+    };
+    let o = run(&["info", &dev, "--json"]);
+    let _ = Command::new("losetup").args(["-d", &dev]).status();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let name = dev.trim_start_matches("/dev/");
+    // Not the devtmpfs that holds the node (pool fs:0:N, shared by every device node).
+    assert_eq!(v["pool"]["key"], name, "{v}");
+    assert_eq!(v["has_block_device"], true, "{v}");
+    assert_eq!(v["fs_type"], "block device", "{v}");
+    assert_eq!(v["size"], 8 << 20, "{v}");
+}
+
 fn leftovers(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .unwrap()
@@ -198,6 +291,11 @@ fn bench_reports_and_cleans_up() {
         "1000000GiB",
     ]);
     assert_one_line_error(&o, 2, "free");
+    // So is a --dir that is a file, as one that does not exist.
+    let f = d.path().join("f");
+    std::fs::write(&f, b"x").unwrap();
+    let o = run(&["bench", "--dir", f.to_str().unwrap(), "--size", "1MiB"]);
+    assert_one_line_error(&o, 2, "not a directory");
 }
 
 #[test]

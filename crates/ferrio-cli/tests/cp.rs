@@ -1,7 +1,7 @@
 //! `ferrio cp` as a user runs it: trees, JSON summary, exit codes, Ctrl-C and a full disk.
 
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -199,6 +199,18 @@ fn cp_preserve_keeps_mode_and_mtime() {
 
 #[test]
 fn ctrl_c_during_cp_leaves_no_partial_file_and_exits_130() {
+    signal_mid_copy(libc::SIGINT, 130);
+}
+
+#[test]
+fn sigterm_during_cp_leaves_no_partial_file_and_exits_143() {
+    // What `kill` and `timeout` send: left to the default action it would leave the temporary
+    // file (a copy's worth of space) until the next copy into that directory.
+    signal_mid_copy(libc::SIGTERM, 143);
+}
+
+/// Sends `signal` to a copy under way; it must exit with `code` and leave nothing behind.
+fn signal_mid_copy(signal: libc::c_int, code: i32) {
     let d = tmp();
     let src = d.path().join("big");
     fs::write(&src, bytes(384 << 20, 3)).unwrap();
@@ -229,9 +241,9 @@ fn ctrl_c_during_cp_leaves_no_partial_file_and_exits_130() {
     }
     assert!(!temp_files(&out).is_empty(), "the copy never started");
     // SAFETY: plain kill(2) of our own child.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    unsafe { libc::kill(child.id() as libc::pid_t, signal) };
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130));
+    assert_eq!(status.code(), Some(code), "{status:?}");
     assert!(temp_files(&out).is_empty(), "left {:?}", temp_files(&out));
     assert_eq!(
         fs::read(out.join("big")).unwrap(),
@@ -353,4 +365,74 @@ fn cp_onto_a_full_disk_exits_1_naming_the_destination() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(fs::read(&keep).unwrap(), b"old content");
     assert!(temp_files(&mnt).is_empty(), "left {:?}", temp_files(&mnt));
+}
+
+/// Makes a special file at `p` with `mknod(2)` (`mode` holds its kind and permissions).
+fn mknod(p: &Path, mode: libc::mode_t, dev: libc::dev_t) -> bool {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a valid C string naming a path in this test's directory.
+    unsafe { libc::mknod(c.as_ptr(), mode, dev) == 0 }
+}
+
+#[test]
+fn cp_never_replaces_a_device_or_fifo_with_a_file() {
+    let d = tmp();
+    let src = d.path().join("src");
+    fs::write(&src, b"data").unwrap();
+    let fifo = d.path().join("fifo");
+    assert!(mknod(&fifo, libc::S_IFIFO | 0o644, 0), "mkfifo");
+    let link = d.path().join("link");
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    let mut targets = vec![(fifo.clone(), "FIFO"), (link, "FIFO")];
+    // The null device (1:3) needs root to make; a FIFO shows the same rule without it.
+    let null = d.path().join("null");
+    if mknod(&null, libc::S_IFCHR | 0o666, libc::makedev(1, 3)) {
+        targets.push((null.clone(), "character device"));
+    } else {
+        eprintln!("character device part skipped: mknod needs root");
+    }
+    for (dst, kind) in &targets {
+        let o = run(&[Path::new("cp"), &src, dst]);
+        assert_eq!(o.status.code(), Some(1), "{dst:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(kind), "{}", stderr(&o));
+        assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    }
+    assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    if targets.len() == 3 {
+        assert!(fs::symlink_metadata(&null)
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
+    assert!(temp_files(d.path()).is_empty());
+}
+
+#[test]
+fn cp_r_into_itself_through_a_bind_mount_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (mount --bind)");
+        return;
+    }
+    let d = tmp();
+    let (dir, view) = (d.path().join("dir"), d.path().join("view"));
+    fs::create_dir(&dir).unwrap();
+    fs::create_dir(&view).unwrap();
+    fs::write(dir.join("f"), b"x").unwrap();
+    let bound = Command::new("mount")
+        .arg("--bind")
+        .arg(&dir)
+        .arg(&view)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !bound {
+        eprintln!("skipped: mount --bind failed");
+        return;
+    }
+    // `view` is `dir` under another name: `cp -r dir view/` would copy dir into dir/dir.
+    let o = run(&[Path::new("cp"), Path::new("-r"), &dir, &view]);
+    let _ = Command::new("umount").arg(&view).status();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("into itself"), "{}", stderr(&o));
+    assert!(!dir.join("dir").exists(), "copied into itself");
 }

@@ -50,3 +50,25 @@ fn inspect_lists_tensors_and_refuses_invalid_files() {
     assert_eq!(v["valid"], false);
     assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
 }
+
+#[test]
+fn names_and_metadata_cannot_break_the_table_or_drive_the_terminal() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let p = dir.path().join("odd.safetensors");
+    let header = r#"{"__metadata__":{"note":"x\ny"},"a\nb\u001b[31m":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+    std::fs::write(&p, file(header, 8)).expect("write");
+    let o = inspect(&p, false);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        !o.stdout.contains(&0x1b),
+        "an escape sequence reached stdout"
+    );
+    let text = String::from_utf8_lossy(&o.stdout);
+    // The column titles, one tensor, one metadata line, the summary.
+    assert_eq!(text.lines().count(), 4, "{text}");
+    assert!(text.contains(r"a\nb\u{1b}[31m"), "{text}");
+    assert!(text.contains(r"metadata note = x\ny"), "{text}");
+    // JSON carries the names as they are.
+    let v: serde_json::Value = serde_json::from_slice(&inspect(&p, true).stdout).expect("json");
+    assert_eq!(v["tensors"][0]["name"], "a\nb\u{1b}[31m");
+}

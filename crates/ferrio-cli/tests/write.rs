@@ -117,3 +117,81 @@ fn a_full_disk_leaves_no_new_file_and_names_an_overwritten_one() {
     assert!(err.contains("old") && err.contains("overwritten"), "{err}");
     assert!(old.exists(), "a file that was there before is not removed");
 }
+
+#[test]
+fn a_refused_fifo_or_device_is_not_called_overwritten() {
+    let d = tmp();
+    let fifo = d.path().join("fifo");
+    let null = d.path().join("null");
+    let mut targets = vec![fifo.clone()];
+    let make = |p: &Path, mode: libc::mode_t, dev: libc::dev_t| {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a valid C string naming a path in this test's directory.
+        unsafe { libc::mknod(c.as_ptr(), mode, dev) == 0 }
+    };
+    assert!(make(&fifo, libc::S_IFIFO | 0o644, 0), "mkfifo");
+    // The null device (1:3) needs root to make.
+    if make(&null, libc::S_IFCHR | 0o666, libc::makedev(1, 3)) {
+        targets.push(null);
+    } else {
+        eprintln!("character device part skipped: mknod needs root");
+    }
+    for t in &targets {
+        let o = run(&[
+            Path::new("write"),
+            Path::new("--size"),
+            Path::new("1MiB"),
+            t,
+        ]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("only regular files and block devices"),
+            "{err}"
+        );
+        assert!(!err.contains("overwritten"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
+#[test]
+fn a_size_larger_than_a_block_device_is_refused_before_writing() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (losetup)");
+        return;
+    }
+    let d = tmp();
+    let img = d.path().join("img");
+    fs::write(&img, vec![0x5a; 4 << 20]).unwrap();
+    let dev = match Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&img)
+        .output()
+    {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        other => {
+            eprintln!("skipped: losetup failed: {other:?}");
+            return;
+        }
+    };
+    let o = run(&[
+        Path::new("write"),
+        Path::new("--size"),
+        Path::new("8MiB"),
+        Path::new(&dev),
+    ]);
+    let _ = Command::new("losetup").args(["-d", &dev]).status();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("more than the device holds (4.00 MiB)"),
+        "{err}"
+    );
+    assert!(!err.contains("overwritten"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        fs::read(&img).unwrap().iter().all(|&b| b == 0x5a),
+        "the device was written"
+    );
+}

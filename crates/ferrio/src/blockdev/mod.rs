@@ -1,4 +1,5 @@
-//! Which block devices hold a file: path → `st_dev` → sysfs → partitions, md/dm stacks → disks.
+//! Which block devices hold a file: path → `st_dev` (for a block device node, `st_rdev`) → sysfs →
+//! partitions, md/dm stacks → disks.
 //!
 //! ferrio runs one worker pool per physical device so that files on different drives never
 //! queue behind each other. This module finds, for a file, the [`PoolKey`] of that pool and the

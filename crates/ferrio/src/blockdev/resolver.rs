@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
@@ -76,19 +76,19 @@ impl Resolver {
     /// The device chain of the file at `path` (symlinks followed), from the cache when its
     /// file system was resolved before.
     pub fn resolve(&self, path: &Path) -> Result<DeviceChain> {
-        let dev = stat_dev(path)?;
+        let (dev, node) = stat_dev(path)?;
         if let Some(entry) = self.cached(dev) {
-            return Ok(entry.chain_for(path));
+            return Ok(node_chain(entry.chain_for(path), node));
         }
         let entry = self.load(path, dev)?;
-        Ok(self.insert(dev, entry).chain_for(path))
+        Ok(node_chain(self.insert(dev, entry).chain_for(path), node))
     }
 
     /// Like [`resolve`](Self::resolve) but walks sysfs and reads mountinfo again, leaving the
     /// cache alone: for measuring the walk, or when the answer must be fresh.
     pub fn resolve_uncached(&self, path: &Path) -> Result<DeviceChain> {
-        let dev = stat_dev(path)?;
-        Ok(self.load(path, dev)?.chain_for(path))
+        let (dev, node) = stat_dev(path)?;
+        Ok(node_chain(self.load(path, dev)?.chain_for(path), node))
     }
 
     /// The device stack of a device number, from the cache when it was resolved before.
@@ -167,7 +167,23 @@ impl Resolver {
     }
 }
 
-fn stat_dev(path: &Path) -> Result<DevId> {
+/// The device that holds the bytes of `path`: its file system's, or for a block device node
+/// the device it stands for (not the devtmpfs holding the node); and whether it is such a node.
+fn stat_dev(path: &Path) -> Result<(DevId, bool)> {
     let meta = fs::metadata(path).map_err(|e| Error::io(Op::Stat, path, 0, 0, e))?;
-    Ok(DevId::from_st_dev(meta.dev()))
+    if meta.file_type().is_block_device() {
+        Ok((DevId::from_st_dev(meta.rdev()), true))
+    } else {
+        Ok((DevId::from_st_dev(meta.dev()), false))
+    }
+}
+
+/// The chain of a block device node is the device itself: no file system or mount is between
+/// (one mounted from the device holds none of the node's bytes).
+fn node_chain(mut chain: DeviceChain, node: bool) -> DeviceChain {
+    if node {
+        chain.fs_type = "block device".to_owned();
+        chain.mount_point = None;
+    }
+    chain
 }

@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use std::fs::{self, Metadata};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::walk::Entry;
@@ -118,9 +118,11 @@ fn base_name(src: &Path) -> Result<OsString> {
         .ok_or_else(|| Error::InvalidArgument(format!("cannot copy {} by name", src.display())))
 }
 
-/// Whether `dst` (which may not exist yet) is `dir` or lies inside it.
+/// Whether `dst` (which may not exist yet) is `dir` or lies inside it. Directories are compared
+/// by identity (device and inode), not by name: a bind mount shows one directory under two
+/// names that no resolution of symlinks makes equal.
 fn is_inside(dir: &Path, dst: &Path) -> bool {
-    let Ok(dir) = fs::canonicalize(dir) else {
+    let Ok(dir) = fs::metadata(dir) else {
         return false;
     };
     let dst = match fs::canonicalize(dst) {
@@ -136,7 +138,8 @@ fn is_inside(dir: &Path, dst: &Path) -> bool {
             parent.join(name)
         }
     };
-    dst.starts_with(&dir)
+    dst.ancestors()
+        .any(|a| fs::metadata(a).is_ok_and(|m| m.dev() == dir.dev() && m.ino() == dir.ino()))
 }
 
 impl Copier<'_> {
@@ -212,6 +215,33 @@ pub(super) fn write_target(dst: &Path, existing: Option<&Metadata>) -> Result<Pa
     } else {
         dst.to_path_buf()
     };
+    // A device, FIFO or socket is not a file to replace: renaming over it would swap the node
+    // itself (`/dev/null`, a disk) for a regular file. GNU cp writes into it instead, which a
+    // copy through a temporary name cannot do, so it is refused.
+    if let Ok(m) = fs::metadata(&target) {
+        let t = m.file_type();
+        let kind = if t.is_char_device() {
+            Some("not replacing character device")
+        } else if t.is_block_device() {
+            Some("not replacing block device")
+        } else if t.is_fifo() {
+            Some("not replacing FIFO")
+        } else if t.is_socket() {
+            Some("not replacing socket")
+        } else {
+            None
+        };
+        if let Some(action) = kind {
+            return Err(Error::Fs {
+                action,
+                path: dst.to_path_buf(),
+                source: io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a copy replaces regular files only",
+                ),
+            });
+        }
+    }
     let writable = crate::sys::may_write(&target).map_err(|source| Error::Fs {
         action: "check write permission of",
         path: target.clone(),

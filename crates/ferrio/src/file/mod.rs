@@ -195,6 +195,13 @@ impl File {
         };
         let fd = open_checked(path, mode.flags()).map_err(open_err)?;
         let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io(Op::Stat, path, 0, 0, e))?;
+        // The device that holds the bytes: a block device node's own device, not the devtmpfs
+        // the node lives in (whose pool is small and shared by every device node).
+        let data_dev = if st.st_mode & libc::S_IFMT == libc::S_IFBLK {
+            st.st_rdev
+        } else {
+            st.st_dev
+        };
         let wants_direct = (mode.readable() && choices.direct_read != DirectMode::Off)
             || (mode.writable() && choices.direct_write != DirectMode::Off);
         let (direct_fd, direct) = if !wants_direct {
@@ -207,7 +214,7 @@ impl File {
         } else {
             match open_checked(path, mode.direct_flags()).and_then(|dfd| same_file(dfd, &st)) {
                 Ok(dfd) => {
-                    let support = direct::discover(dfd.as_fd(), st.st_dev);
+                    let support = direct::discover(dfd.as_fd(), data_dev);
                     (Some(dfd), support)
                 }
                 Err(e) => (
@@ -218,7 +225,7 @@ impl File {
                 ),
             }
         };
-        let (pool, local) = pool::pool_for_device(st.st_dev, settings);
+        let (pool, local) = pool::pool_for_device(data_dev, settings);
         let cache = match choices.cache {
             // Memory is read only when the answer depends on it.
             CacheMode::Auto => {
@@ -399,7 +406,10 @@ impl File {
     /// be leaked.
     pub unsafe fn pread_device(&self, dst: DevicePtr, len: usize, offset: u64) -> IoFuture {
         // SAFETY: forwarded from this function's contract.
-        IoFuture::started(unsafe { self.start_device(dst, len, offset, Direction::Read) }, ())
+        IoFuture::started(
+            unsafe { self.start_device(dst, len, offset, Direction::Read) },
+            (),
+        )
     }
 
     /// Writes `len` bytes from GPU memory at `src` to the file at `offset`, in parallel: each
@@ -411,7 +421,10 @@ impl File {
     /// the returned future has been waited on or dropped. The future must not be leaked.
     pub unsafe fn pwrite_device(&self, src: DevicePtr, len: usize, offset: u64) -> IoFuture {
         // SAFETY: forwarded from this function's contract.
-        IoFuture::started(unsafe { self.start_device(src, len, offset, Direction::Write) }, ())
+        IoFuture::started(
+            unsafe { self.start_device(src, len, offset, Direction::Write) },
+            (),
+        )
     }
 
     /// Reads into `buf` at `offset`, in parallel, and waits. Returns the bytes read: fewer than
@@ -446,7 +459,6 @@ impl File {
     pub fn set_len(&self, len: u64) -> Result<()> {
         self.check_mode(Op::Write)?;
         sys::ftruncate(self.inner.fd.as_fd(), len).map_err(|e| self.err(Op::Write, len, 0, e))
-
     }
 
     fn err(&self, op: Op, offset: u64, len: u64, e: std::io::Error) -> Error {

@@ -151,7 +151,9 @@ mod tests {
         ] {
             assert_eq!(text.parse::<Mode>().ok(), Some(mode), "{text}");
         }
-        for text in ["", "b", "+", "rw", "r++", "rbb", "rt", "t", "U", "rU", "wx", "ra+"] {
+        for text in [
+            "", "b", "+", "rw", "r++", "rbb", "rt", "t", "U", "rU", "wx", "ra+",
+        ] {
             assert!(text.parse::<Mode>().is_err(), "{text} must be refused");
         }
         let text = "rt".parse::<Mode>().unwrap_err().to_string();

@@ -75,11 +75,7 @@ impl File {
         if !self.inner.mode.appends() {
             return None;
         }
-        let mut appends = self
-            .inner
-            .appends
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut appends = self.inner.appends.lock().unwrap_or_else(|p| p.into_inner());
         appends
             .running
             .retain(|c| c.upgrade().is_some_and(|c| !c.is_done()));
@@ -90,10 +86,7 @@ impl File {
         } else {
             size.max(appends.end)
         };
-        Some(AppendSlot {
-            appends,
-            offset,
-        })
+        Some(AppendSlot { appends, offset })
     }
 
     /// Before a direct write of several tasks that ends past the end of the file, allocates
