@@ -463,6 +463,25 @@ def test_s3_object_replaced_after_open_is_an_error(s3: Any) -> None:
     assert e.value.filename == f"s3://{s3.ferrio_bucket}/r.bin"
 
 
+def test_s3_key_with_hash_or_question_mark_must_be_percent_encoded(s3: Any) -> None:
+    """`#...` and `?...` are no part of a URL's path: `s3://b/k#x` read (and wrote) the object
+    `k`, silently. They are refused now; percent-encoded (%23, %3F) they name the key."""
+    bucket = s3.ferrio_bucket
+    s3.put_object(Bucket=bucket, Key="h/name", Body=b"another object")
+    s3.put_object(Bucket=bucket, Key="h/name#1.bin", Body=b"hash")
+    s3.put_object(Bucket=bucket, Key="h/name?versionId=1", Body=b"query")
+    for raw in [f"s3://{bucket}/h/name#1.bin", f"s3://{bucket}/h/name?versionId=1"]:
+        with pytest.raises(ValueError, match="%23"):
+            ferrio.open(raw)
+        with pytest.raises(ValueError, match="%23"):
+            ferrio.open(raw, "w")
+    for encoded, body in [("name%231.bin", b"hash"), ("name%3FversionId=1", b"query")]:
+        with ferrio.open(f"s3://{bucket}/h/{encoded}") as f:
+            assert in_thread(lambda: _read_all(f)) == body
+    with pytest.raises(ValueError, match="%23"):
+        ferrio.open("https://example.com/file#part")
+
+
 def test_s3_anonymous_without_credentials(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     bucket = s3.ferrio_bucket
     s3.put_object(Bucket=bucket, Key="public.bin", Body=b"hello", ACL="public-read")
