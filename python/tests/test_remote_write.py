@@ -45,7 +45,7 @@ class _Faults:
 
     `stall`, `answer`, `answer_after` and `drop` take the S3 operation a request is
     (`_operation`): CreateMultipartUpload, UploadPart, CompleteMultipartUpload,
-    AbortMultipartUpload, PutObject.
+    AbortMultipartUpload, PutObject, ListObjectsV2, or the method (GET, HEAD).
     """
 
     def __init__(self) -> None:
@@ -83,6 +83,8 @@ def _operation(command: str, path: str) -> str:
         return "AbortMultipartUpload"
     if command == "PUT":
         return "PutObject"
+    if command == "GET" and "list-type" in query:
+        return "ListObjectsV2"
     return command
 
 
@@ -852,6 +854,37 @@ def test_copy_prefix_download_failing_mid_way_leaves_no_partial_file(
     for i in (0, 1, 3):
         assert (out / "d" / str(i) / "x.bin").read_bytes() == remote_data(PART, seed=i)
     assert not [p for p in tmp_path.rglob("*") if ".ferrio-" in p.name]
+
+
+def test_cli_cp_ctrl_c_while_the_store_does_not_answer(s3: Any, tmp_path: Path) -> None:
+    """Ctrl-C while a listing (cp -r) or the object's HEAD (cp) waits on the store exits with 130
+    at once, and nothing is made; before, it waited for the request to time out, and the
+    destination directory of the tree was made after all."""
+    for i in range(3):
+        s3.put_object(Bucket=s3.ferrio_bucket, Key=f"slow/{i}.bin", Body=b"x" * 100)
+    for op, args in [
+        ("ListObjectsV2", ["-r", f"s3://{s3.ferrio_bucket}/slow/", str(tmp_path / "tree")]),
+        ("HEAD", [f"s3://{s3.ferrio_bucket}/slow/0.bin", str(tmp_path / "one.bin")]),
+    ]:
+        s3.faults.stall = {op}
+        proc = subprocess.Popen(_cli("cp", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + BOUND_S
+            while s3.faults.seen.get(op, 0) == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert s3.faults.seen.get(op, 0) > 0, f"no {op} reached the server"
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=BOUND_S)
+            took = time.monotonic() - t0
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+        assert proc.returncode == 130, err
+        assert took < 2.0, f"{op}: exit took {took:.2f} s after SIGINT"
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_cp_recursive_json(s3: Any, tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ use crate::error::{Error, Result};
 use crate::plan::{self, Task};
 use crate::pool::{Completion, IoFuture};
 
-pub(crate) use list::{as_prefix, can_list, encode_key_part, is_plain_name};
+pub(crate) use list::{as_prefix, can_list, encode_key_part, is_plain_name, list_prefix_until};
 pub use list::{list_prefix, ListedObject};
 pub use store::is_remote_url;
 pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MIN_PART_SIZE};
@@ -130,6 +130,16 @@ impl RemoteFile {
     /// # Errors
     /// As for [`RemoteFile::open`].
     pub fn open_with(url: &str, settings: Settings) -> Result<RemoteFile> {
+        RemoteFile::open_until(url, settings, &|| false)
+    }
+
+    /// [`RemoteFile::open_with`], given up as soon as `cancelled()` turns true
+    /// ([`Error::Cancelled`]): a store slow to answer must not hold up a Ctrl-C.
+    pub(crate) fn open_until(
+        url: &str,
+        settings: Settings,
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<RemoteFile> {
         let location = store::parse(url)?;
         let store = store::build_with(&location, &settings)?;
         let handle = runtime::handle()?;
@@ -138,12 +148,19 @@ impl RemoteFile {
             mode: "r".into(),
             source,
         };
-        let meta = if location.signed {
-            handle.block_on(head_by_get(store.as_ref(), &location.path))
-        } else {
-            handle.block_on(store.head(&location.path))
-        }
-        .map_err(|e| open_err(store::io_error(e)))?;
+        let meta = handle
+            .block_on(runtime::unless_cancelled(
+                async {
+                    if location.signed {
+                        head_by_get(store.as_ref(), &location.path).await
+                    } else {
+                        store.head(&location.path).await
+                    }
+                },
+                cancelled,
+            ))
+            .ok_or(Error::Cancelled)?
+            .map_err(|e| open_err(store::io_error(e)))?;
         Ok(RemoteFile::with_meta(
             url,
             location,
