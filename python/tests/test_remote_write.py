@@ -672,6 +672,28 @@ def test_failed_download_leaves_no_file(s3: Any, tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_download_onto_a_directory_is_refused_before_any_byte_moves(
+    s3: Any, tmp_path: Path
+) -> None:
+    """As a local copy refuses it: before, the whole object was fetched into a temporary file
+    and only the rename into place failed."""
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="o.bin", Body=remote_data(PART, seed=16))
+    # Into the directory `o.bin` the copy is `o.bin/o.bin`, a directory too; in `d` it is
+    # `d/o.bin`, a symlink to that directory.
+    blocked = (tmp_path / "o.bin" / "o.bin").resolve()
+    blocked.mkdir(parents=True)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "o.bin").symlink_to(blocked)
+    url = f"s3://{s3.ferrio_bucket}/o.bin"
+    for dst in [tmp_path / "o.bin", tmp_path / "d"]:
+        with pytest.raises(IsADirectoryError) as e:
+            in_thread(lambda: ferrio.copy(url, dst))  # noqa: B023
+        assert e.value.filename == str(blocked)
+    assert s3.faults.seen.get("GET", 0) == 0
+    assert list(blocked.iterdir()) == []
+    assert [p.name for p in (tmp_path / "d").iterdir()] == ["o.bin"]
+
+
 def test_copy_missing_and_not_recursive(s3: Any, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         ferrio.copy(f"s3://{s3.ferrio_bucket}/missing.bin", tmp_path / "x")

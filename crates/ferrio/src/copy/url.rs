@@ -792,6 +792,14 @@ fn read_remote(
 fn download(src: &RemoteFile, dst: &Path, window: usize, progress: &CopyProgress) -> Result<()> {
     let existing = fs::symlink_metadata(dst).ok();
     let dst = &super::dest::write_target(dst, existing.as_ref())?;
+    // Refused before any byte is fetched, as a local copy refuses it, rather than at the rename.
+    if fs::metadata(dst).is_ok_and(|m| m.is_dir()) {
+        return Err(Error::Fs {
+            action: "cannot replace a directory with a non-directory:",
+            path: dst.to_path_buf(),
+            source: std::io::Error::from_raw_os_error(libc::EISDIR),
+        });
+    }
     let mut created = None;
     let temp = TempPath::create(dst, |p| {
         let f = fs::OpenOptions::new()
