@@ -61,6 +61,8 @@ class _Faults:
         self.drop: dict[str, int] = {}
         self.strip_etag = False  # UploadPart's answer comes without its ETag
         self.on_first_part: Callable[[], None] | None = None  # run as the first UploadPart arrives
+        # Run once after moto answered a request of this operation, before the answer goes on.
+        self.after: dict[str, Callable[[], None]] = {}
         self.seen: dict[str, int] = {}  # requests per operation
         self.parts_seen = threading.Event()
         self.release = threading.Event()
@@ -153,6 +155,10 @@ def _proxy_handler(upstream: str, faults: _Faults) -> type[http.server.BaseHTTPR
                 conn.endheaders(body)
                 resp = conn.getresponse()
                 data = resp.read()
+                with lock:
+                    after = faults.after.pop(op, None)
+                if after:
+                    after()
                 with lock:
                     status = faults.next_status(faults.answer_after, op)
                 if status is not None:
@@ -876,6 +882,37 @@ def test_copy_prefix_download_failing_mid_way_leaves_no_partial_file(
     for i in (0, 1, 3):
         assert (out / "d" / str(i) / "x.bin").read_bytes() == remote_data(PART, seed=i)
     assert not [p for p in tmp_path.rglob("*") if ".ferrio-" in p.name]
+
+
+def test_copy_prefix_with_objects_deleted_or_replaced_after_the_listing(
+    s3: Any, tmp_path: Path
+) -> None:
+    """An object deleted after the listing is FileNotFoundError for that object, one replaced is
+    an error too (reads are conditional on the listed ETag), never its new bytes; the others
+    are copied whole, and no temporary file is left."""
+    bodies = {i: remote_data(PART + i, seed=40 + i) for i in range(4)}
+    for i, body in bodies.items():
+        s3.put_object(Bucket=s3.ferrio_bucket, Key=f"race/{i}.bin", Body=body)
+
+    def after_listing() -> None:
+        s3.delete_object(Bucket=s3.ferrio_bucket, Key="race/1.bin")
+        s3.put_object(Bucket=s3.ferrio_bucket, Key="race/2.bin", Body=bytes(PART + 2))
+
+    s3.faults.after["ListObjectsV2"] = after_listing
+    out = tmp_path / "out"
+    result = subprocess.run(
+        _cli("cp", "-r", f"s3://{s3.ferrio_bucket}/race/", str(out), "--json"),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+    )
+    assert result.returncode == 1, result.stderr
+    errors = {Path(e["path"]).name: e["error"] for e in json.loads(result.stdout)["errors"]}
+    assert sorted(errors) == ["1.bin", "2.bin"]
+    assert "no such object" in errors["1.bin"]
+    assert "changed since it was opened" in errors["2.bin"]
+    assert _files(out) == {"0.bin": bodies[0], "3.bin": bodies[3]}
 
 
 def test_cli_cp_ctrl_c_while_the_store_does_not_answer(s3: Any, tmp_path: Path) -> None:
