@@ -45,7 +45,9 @@ class _Object:
 
     def __init__(self, body: bytes) -> None:
         self.body = body
-        self.etag = '"v1"'
+        self.etag: str | None = '"v1"'  # None: the server sends no ETag
+        self.last_modified: str | None = "Mon, 23 Nov 2026 10:00:00 GMT"  # None: none sent
+        self.grow_on_replace = False  # the replacement is longer, not just other bytes
         self.ignore_range = False
         self.fail_503 = 0  # this many GETs answer 503 first
         self.drop_after = 0  # if >0: the next GET sends this many body bytes, then hangs up
@@ -67,8 +69,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _headers(self, status: int, length: int, extra: dict[str, str]) -> None:
         self.send_response(status)
         self.send_header("Content-Length", str(length))
-        self.send_header("ETag", self.obj.etag)
-        self.send_header("Last-Modified", "Mon, 23 Nov 2026 10:00:00 GMT")
+        if self.obj.etag is not None:
+            self.send_header("ETag", self.obj.etag)
+        if self.obj.last_modified is not None:
+            self.send_header("Last-Modified", self.obj.last_modified)
         self.send_header("Accept-Ranges", "bytes")
         for k, v in extra.items():
             self.send_header(k, v)
@@ -94,7 +98,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             obj.gets += 1
             if obj.replace_after_gets >= 0 and obj.gets > obj.replace_after_gets:
                 obj.body = bytes(b ^ 0xFF for b in obj.body[:16]) + obj.body[16:]
-                obj.etag = '"v2"'
+                obj.body += b"more" * obj.grow_on_replace
+                obj.etag = obj.etag and '"v2"'
+                obj.last_modified = obj.last_modified and "Tue, 24 Nov 2026 10:00:00 GMT"
                 obj.replace_after_gets = -1
             if obj.fail_503 > 0:
                 obj.fail_503 -= 1
@@ -105,7 +111,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             stall = obj.stalls > 0
             obj.stalls -= stall
         want = self.headers.get("If-Match")
-        if want is not None and want != etag:
+        if want is not None and want != (etag or ""):
             self._headers(412, 0, {})
             return
         rng = self.headers.get("Range")
@@ -255,6 +261,29 @@ def test_http_object_replaced_between_requests(http_object: tuple[str, _Object])
     obj.replace_after_gets = 2
     with pytest.raises(OSError, match="changed since it was opened"):
         in_thread(lambda: _read_all(f))
+
+
+@pytest.mark.parametrize("pinned_by", ["last-modified", "size"])
+def test_http_object_without_etag_replaced_between_requests(
+    http_object: tuple[str, _Object], pinned_by: str
+) -> None:
+    """A server that sends no ETag cannot be asked `If-Match`: its Last-Modified time pins the
+    object instead, and the size always does, so a replaced object is still an error, never a
+    mix of old and new bytes (which ferrio returned before)."""
+    url, obj = http_object
+    obj.etag = None
+    if pinned_by == "size":
+        obj.last_modified = None
+        obj.grow_on_replace = True
+    f = ferrio.open_url(url, range_size="1MiB", concurrency=1)
+    assert f.etag is None
+    obj.replace_after_gets = 2
+    with pytest.raises(OSError, match="changed since it was opened") as e:
+        in_thread(lambda: _read_all(f))
+    assert e.value.filename == url
+    # Reopened, the new object reads whole.
+    with ferrio.open_url(url, range_size="1MiB") as again:
+        assert in_thread(lambda: _read_all(again)) == obj.body
 
 
 class _Signed(http.server.BaseHTTPRequestHandler):
@@ -461,6 +490,25 @@ def test_s3_object_replaced_after_open_is_an_error(s3: Any) -> None:
     with pytest.raises(OSError, match="changed since it was opened") as e:
         in_thread(lambda: f.read(buf))
     assert e.value.filename == f"s3://{s3.ferrio_bucket}/r.bin"
+
+
+def test_s3_key_with_hash_or_question_mark_must_be_percent_encoded(s3: Any) -> None:
+    """`#...` and `?...` are no part of a URL's path: `s3://b/k#x` read (and wrote) the object
+    `k`, silently. They are refused now; percent-encoded (%23, %3F) they name the key."""
+    bucket = s3.ferrio_bucket
+    s3.put_object(Bucket=bucket, Key="h/name", Body=b"another object")
+    s3.put_object(Bucket=bucket, Key="h/name#1.bin", Body=b"hash")
+    s3.put_object(Bucket=bucket, Key="h/name?versionId=1", Body=b"query")
+    for raw in [f"s3://{bucket}/h/name#1.bin", f"s3://{bucket}/h/name?versionId=1"]:
+        with pytest.raises(ValueError, match="%23"):
+            ferrio.open(raw)
+        with pytest.raises(ValueError, match="%23"):
+            ferrio.open(raw, "w")
+    for encoded, body in [("name%231.bin", b"hash"), ("name%3FversionId=1", b"query")]:
+        with ferrio.open(f"s3://{bucket}/h/{encoded}") as f:
+            assert in_thread(lambda: _read_all(f)) == body
+    with pytest.raises(ValueError, match="%23"):
+        ferrio.open("https://example.com/file#part")
 
 
 def test_s3_anonymous_without_credentials(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:

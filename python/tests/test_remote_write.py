@@ -45,7 +45,7 @@ class _Faults:
 
     `stall`, `answer`, `answer_after` and `drop` take the S3 operation a request is
     (`_operation`): CreateMultipartUpload, UploadPart, CompleteMultipartUpload,
-    AbortMultipartUpload, PutObject.
+    AbortMultipartUpload, PutObject, ListObjectsV2, or the method (GET, HEAD).
     """
 
     def __init__(self) -> None:
@@ -61,6 +61,8 @@ class _Faults:
         self.drop: dict[str, int] = {}
         self.strip_etag = False  # UploadPart's answer comes without its ETag
         self.on_first_part: Callable[[], None] | None = None  # run as the first UploadPart arrives
+        # Run once after moto answered a request of this operation, before the answer goes on.
+        self.after: dict[str, Callable[[], None]] = {}
         self.seen: dict[str, int] = {}  # requests per operation
         self.parts_seen = threading.Event()
         self.release = threading.Event()
@@ -83,6 +85,8 @@ def _operation(command: str, path: str) -> str:
         return "AbortMultipartUpload"
     if command == "PUT":
         return "PutObject"
+    if command == "GET" and "list-type" in query:
+        return "ListObjectsV2"
     return command
 
 
@@ -151,6 +155,10 @@ def _proxy_handler(upstream: str, faults: _Faults) -> type[http.server.BaseHTTPR
                 conn.endheaders(body)
                 resp = conn.getresponse()
                 data = resp.read()
+                with lock:
+                    after = faults.after.pop(op, None)
+                if after:
+                    after()
                 with lock:
                     status = faults.next_status(faults.answer_after, op)
                 if status is not None:
@@ -670,6 +678,28 @@ def test_failed_download_leaves_no_file(s3: Any, tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_download_onto_a_directory_is_refused_before_any_byte_moves(
+    s3: Any, tmp_path: Path
+) -> None:
+    """As a local copy refuses it: before, the whole object was fetched into a temporary file
+    and only the rename into place failed."""
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="o.bin", Body=remote_data(PART, seed=16))
+    # Into the directory `o.bin` the copy is `o.bin/o.bin`, a directory too; in `d` it is
+    # `d/o.bin`, a symlink to that directory.
+    blocked = (tmp_path / "o.bin" / "o.bin").resolve()
+    blocked.mkdir(parents=True)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "o.bin").symlink_to(blocked)
+    url = f"s3://{s3.ferrio_bucket}/o.bin"
+    for dst in [tmp_path / "o.bin", tmp_path / "d"]:
+        with pytest.raises(IsADirectoryError) as e:
+            in_thread(lambda: ferrio.copy(url, dst))  # noqa: B023
+        assert e.value.filename == str(blocked)
+    assert s3.faults.seen.get("GET", 0) == 0
+    assert list(blocked.iterdir()) == []
+    assert [p.name for p in (tmp_path / "d").iterdir()] == ["o.bin"]
+
+
 def test_copy_missing_and_not_recursive(s3: Any, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         ferrio.copy(f"s3://{s3.ferrio_bucket}/missing.bin", tmp_path / "x")
@@ -852,6 +882,68 @@ def test_copy_prefix_download_failing_mid_way_leaves_no_partial_file(
     for i in (0, 1, 3):
         assert (out / "d" / str(i) / "x.bin").read_bytes() == remote_data(PART, seed=i)
     assert not [p for p in tmp_path.rglob("*") if ".ferrio-" in p.name]
+
+
+def test_copy_prefix_with_objects_deleted_or_replaced_after_the_listing(
+    s3: Any, tmp_path: Path
+) -> None:
+    """An object deleted after the listing is FileNotFoundError for that object, one replaced is
+    an error too (reads are conditional on the listed ETag), never its new bytes; the others
+    are copied whole, and no temporary file is left."""
+    bodies = {i: remote_data(PART + i, seed=40 + i) for i in range(4)}
+    for i, body in bodies.items():
+        s3.put_object(Bucket=s3.ferrio_bucket, Key=f"race/{i}.bin", Body=body)
+
+    def after_listing() -> None:
+        s3.delete_object(Bucket=s3.ferrio_bucket, Key="race/1.bin")
+        s3.put_object(Bucket=s3.ferrio_bucket, Key="race/2.bin", Body=bytes(PART + 2))
+
+    s3.faults.after["ListObjectsV2"] = after_listing
+    out = tmp_path / "out"
+    result = subprocess.run(
+        _cli("cp", "-r", f"s3://{s3.ferrio_bucket}/race/", str(out), "--json"),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=BOUND_S,
+    )
+    assert result.returncode == 1, result.stderr
+    errors = {Path(e["path"]).name: e["error"] for e in json.loads(result.stdout)["errors"]}
+    assert sorted(errors) == ["1.bin", "2.bin"]
+    assert "no such object" in errors["1.bin"]
+    assert "changed since it was opened" in errors["2.bin"]
+    assert _files(out) == {"0.bin": bodies[0], "3.bin": bodies[3]}
+
+
+def test_cli_cp_ctrl_c_while_the_store_does_not_answer(s3: Any, tmp_path: Path) -> None:
+    """Ctrl-C while a listing (cp -r) or the object's HEAD (cp) waits on the store exits with 130
+    at once, and nothing is made; before, it waited for the request to time out, and the
+    destination directory of the tree was made after all."""
+    for i in range(3):
+        s3.put_object(Bucket=s3.ferrio_bucket, Key=f"slow/{i}.bin", Body=b"x" * 100)
+    for op, args in [
+        ("ListObjectsV2", ["-r", f"s3://{s3.ferrio_bucket}/slow/", str(tmp_path / "tree")]),
+        ("HEAD", [f"s3://{s3.ferrio_bucket}/slow/0.bin", str(tmp_path / "one.bin")]),
+    ]:
+        s3.faults.stall = {op}
+        proc = subprocess.Popen(_cli("cp", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + BOUND_S
+            while s3.faults.seen.get(op, 0) == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert s3.faults.seen.get(op, 0) > 0, f"no {op} reached the server"
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=BOUND_S)
+            took = time.monotonic() - t0
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+        assert proc.returncode == 130, err
+        assert took < 2.0, f"{op}: exit took {took:.2f} s after SIGINT"
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_cp_recursive_json(s3: Any, tmp_path: Path) -> None:

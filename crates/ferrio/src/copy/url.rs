@@ -277,12 +277,23 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
     let mut report = CopyReport::default();
     // The local directories a download of listed trees needs, parents before children.
     let mut tree_dirs = BTreeSet::new();
+    // A Ctrl-C while listings and opens wait on the store ends the copy before anything is
+    // written.
+    let cancelled = || progress.is_cancelled();
+    let stopped = |mut report: CopyReport| {
+        report.cancelled = true;
+        report.seconds = t0.elapsed().as_secs_f64();
+        Ok(report)
+    };
     for src in sources {
         let src = End::of(src);
         let (opened, len) = match &src {
             End::Url(u) => {
                 if options.recursive && remote::can_list(u) {
-                    let listed = remote::list_prefix(u, &settings)?;
+                    let listed = match remote::list_prefix_until(u, &settings, &cancelled) {
+                        Err(Error::Cancelled) => return stopped(report),
+                        other => other?,
+                    };
                     if !listed.is_empty() {
                         let root = tree_root(&src, &dest_end, many)?;
                         for o in listed {
@@ -319,7 +330,10 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
                         "{u} is a prefix: copy it with recursive (-r)"
                     )));
                 }
-                let f = RemoteFile::open_with(u, settings.clone())?;
+                let f = match RemoteFile::open_until(u, settings.clone(), &cancelled) {
+                    Err(Error::Cancelled) => return stopped(report),
+                    other => other?,
+                };
                 let len = f.len();
                 (Source::Remote(f), len)
             }
@@ -404,6 +418,9 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
             len,
             make_parents: false,
         });
+    }
+    if cancelled() {
+        return stopped(report);
     }
     let failed = make_tree_dirs(&tree_dirs, &mut report, &progress);
     jobs.retain(|j| match &j.dst {
@@ -574,6 +591,7 @@ enum Copied {
 
 fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<Copied> {
     let settings = &plan.settings;
+    let cancelled = || progress.is_cancelled();
     let opened;
     let src = match &job.src {
         Source::LocalPath(p) => {
@@ -590,7 +608,7 @@ fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<Copi
             opened = Source::Remote(RemoteFile::open_listed(o, settings.clone())?);
             &opened
         }
-        Source::Object(o) => match RemoteFile::open_with(&o.url, settings.clone()) {
+        Source::Object(o) => match RemoteFile::open_until(&o.url, settings.clone(), &cancelled) {
             Ok(file) => {
                 opened = Source::Remote(file);
                 &opened
@@ -774,6 +792,14 @@ fn read_remote(
 fn download(src: &RemoteFile, dst: &Path, window: usize, progress: &CopyProgress) -> Result<()> {
     let existing = fs::symlink_metadata(dst).ok();
     let dst = &super::dest::write_target(dst, existing.as_ref())?;
+    // Refused before any byte is fetched, as a local copy refuses it, rather than at the rename.
+    if fs::metadata(dst).is_ok_and(|m| m.is_dir()) {
+        return Err(Error::Fs {
+            action: "cannot replace a directory with a non-directory:",
+            path: dst.to_path_buf(),
+            source: std::io::Error::from_raw_os_error(libc::EISDIR),
+        });
+    }
     let mut created = None;
     let temp = TempPath::create(dst, |p| {
         let f = fs::OpenOptions::new()

@@ -1,10 +1,11 @@
 //! One ranged GET of an object into memory, conditional on the version fixed at open: every
-//! request carries `If-Match` (and the version id where the store has one), and the reply's
-//! ETag and range are checked too, so an object replaced mid-read is an error, never a mix of
-//! old and new bytes. A body that breaks off is asked again from where it stopped (the request
-//! itself is retried by object_store's `RetryConfig`, which also resumes a broken body when the
-//! reply had an ETag). Those re-asks draw on the same budget as a request's retries: at most
-//! `remote_retries` of them, none started after `remote_retry_timeout` has passed since the
+//! request carries `If-Match` (and the version id where the store has one; where a server gave
+//! no ETag, `If-Unmodified-Since` its Last-Modified time), and the reply's ETag, Last-Modified,
+//! object size and range are checked too, so an object replaced mid-read is an error, never a
+//! mix of old and new bytes. A body that breaks off is asked again from where it stopped (the
+//! request itself is retried by object_store's `RetryConfig`, which also resumes a broken body
+//! when the reply had an ETag). Those re-asks draw on the same budget as a request's retries: at
+//! most `remote_retries` of them, none started after `remote_retry_timeout` has passed since the
 //! range's first failure, so a server that sends a little and then stalls, again and again,
 //! fails within about that time rather than a multiple of it.
 
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use object_store::path::Path;
-use object_store::{GetOptions, GetRange, ObjectStore};
+use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 
 use crate::error::{Error, Op, Result};
 
@@ -26,8 +27,10 @@ pub(crate) struct Pinned {
     pub store: Arc<dyn ObjectStore>,
     pub path: Path,
     pub url: Arc<str>,
-    pub e_tag: Option<String>,
-    pub version: Option<String>,
+    /// The object's size at open.
+    pub len: u64,
+    /// What every request is conditional on ([`conditions`]).
+    pub conditions: GetOptions,
     /// Most times one range's broken body is asked again (`remote_retries`).
     pub retries: usize,
     /// No range is asked again once this long has passed since its first failure
@@ -35,14 +38,44 @@ pub(crate) struct Pinned {
     pub retry_timeout: Duration,
 }
 
+/// The conditions that pin reads to the object `meta` describes: its ETag and version id, and
+/// where it has no ETag (a plain HTTP server may give none), its Last-Modified time if known.
+pub(crate) fn conditions(meta: &ObjectMeta) -> GetOptions {
+    let modified_known = meta.last_modified.timestamp() != 0;
+    GetOptions {
+        if_match: meta.e_tag.clone(),
+        version: meta.version.clone(),
+        if_unmodified_since: (meta.e_tag.is_none() && modified_known).then_some(meta.last_modified),
+        ..GetOptions::default()
+    }
+}
+
 impl Pinned {
     fn options(&self, range: Range<u64>) -> GetOptions {
         GetOptions {
-            if_match: self.e_tag.clone(),
-            version: self.version.clone(),
             range: Some(GetRange::Bounded(range)),
-            ..GetOptions::default()
+            ..self.conditions.clone()
         }
+    }
+
+    /// Why the reply `got` describes another object than the one opened, if it does: another
+    /// ETag, another Last-Modified time (where that pins it), or another size. What the reply
+    /// leaves out (a server may send no ETag or Last-Modified with a range) is not held against
+    /// it.
+    fn replaced(&self, got: &ObjectMeta) -> Option<String> {
+        let e_tag = self.conditions.if_match.as_deref();
+        if let (Some(then), Some(now)) = (e_tag, got.e_tag.as_deref()) {
+            if then != now {
+                return Some(format!("ETag {then:?} at open, {now:?} now"));
+            }
+        }
+        if let Some(then) = self.conditions.if_unmodified_since {
+            let now = got.last_modified;
+            if now.timestamp() != 0 && now != then {
+                return Some(format!("last modified {then} at open, {now} now"));
+            }
+        }
+        (got.size != self.len).then(|| format!("{} bytes at open, {} now", self.len, got.size))
     }
 
     fn read_err(&self, range: &Range<u64>, source: std::io::Error) -> Error {
@@ -73,15 +106,8 @@ impl Pinned {
                 .get_opts(&self.path, self.options(want.clone()))
                 .await
                 .map_err(|e| self.read_err(&want, store::io_error(e)))?;
-            if self.e_tag.is_some() && got.meta.e_tag.is_some() && got.meta.e_tag != self.e_tag {
-                return Err(self.read_err(
-                    &want,
-                    store::changed(&format!(
-                        "ETag {:?} at open, {:?} now",
-                        self.e_tag.as_deref().unwrap_or(""),
-                        got.meta.e_tag.as_deref().unwrap_or("")
-                    )),
-                ));
+            if let Some(why) = self.replaced(&got.meta) {
+                return Err(self.read_err(&want, store::changed(&why)));
             }
             if got.range != want {
                 return Err(self.read_err(

@@ -74,6 +74,16 @@ pub(crate) fn as_prefix(url: &str) -> String {
 /// then); [`Error::Open`] naming the URL when the bucket does not exist (kind `NotFound`), may
 /// not be listed (`PermissionDenied`) or cannot be reached.
 pub fn list_prefix(url: &str, settings: &Settings) -> Result<Vec<ListedObject>> {
+    list_prefix_until(url, settings, &|| false)
+}
+
+/// [`list_prefix`], given up as soon as `cancelled()` turns true ([`Error::Cancelled`]): a
+/// listing of many pages, or one the store is slow to answer, must not hold up a Ctrl-C.
+pub(crate) fn list_prefix_until(
+    url: &str,
+    settings: &Settings,
+    cancelled: &(dyn Fn() -> bool + Sync),
+) -> Result<Vec<ListedObject>> {
     let location = store::parse_prefix(url)?;
     if location.scheme == ObjectStoreScheme::Http {
         return Err(Error::InvalidArgument(format!(
@@ -83,10 +93,14 @@ pub fn list_prefix(url: &str, settings: &Settings) -> Result<Vec<ListedObject>> 
     let store = store::build_with(&location, settings)?;
     let handle = runtime::handle()?;
     let prefix = location.path.clone();
-    let listed = handle.block_on(async {
-        let under = (!prefix.as_ref().is_empty()).then_some(&prefix);
-        store.list(under).try_collect::<Vec<_>>().await
-    });
+    let listed = handle.block_on(runtime::unless_cancelled(
+        async {
+            let under = (!prefix.as_ref().is_empty()).then_some(&prefix);
+            store.list(under).try_collect::<Vec<_>>().await
+        },
+        cancelled,
+    ));
+    let listed = listed.ok_or(Error::Cancelled)?;
     let listed = listed.map_err(|e| match e {
         object_store::Error::InvalidPath { source } => unsafe_key(url, &source.to_string()),
         other => Error::Open {

@@ -9,8 +9,9 @@
 //! objects of one bucket, container or server share the cap: `store::in_flight_cap`), and
 //! each lands directly in its slice of the caller's memory; the same [`IoFuture`] reports the
 //! outcome. GPU memory is filled through the existing bounce ring, fed by ranged GETs instead of
-//! `pread`, so no new GPU path exists. The object's size and version (ETag, version id) are
-//! fixed at open and every range is conditional on them (`fetch.rs`).
+//! `pread`, so no new GPU path exists. The object's size and version (ETag, version id, or where
+//! a server gives no ETag its Last-Modified time) are fixed at open and every range is
+//! conditional on them (`fetch.rs`).
 //!
 //! This module touches no file descriptor and no worker pool; `store.rs` is the only file that
 //! knows store kinds and their configuration.
@@ -27,7 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use object_store::path::Path;
-use object_store::{GetOptions, GetRange, ObjectStore};
+use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 use tokio::sync::Semaphore;
 
 use crate::bounce;
@@ -38,7 +39,7 @@ use crate::error::{Error, Result};
 use crate::plan::{self, Task};
 use crate::pool::{Completion, IoFuture};
 
-pub(crate) use list::{as_prefix, can_list, encode_key_part, is_plain_name};
+pub(crate) use list::{as_prefix, can_list, encode_key_part, is_plain_name, list_prefix_until};
 pub use list::{list_prefix, ListedObject};
 pub use store::is_remote_url;
 pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MIN_PART_SIZE};
@@ -65,8 +66,10 @@ fn count_read(n: u64) {
 /// ...); without credentials the requests are unsigned (public objects).
 ///
 /// The size and version are read once, at open: a read of an object replaced since fails with
-/// an error naming the URL, and never returns a mix of versions. Reads past the end are short,
-/// as with `pread`. Cheap to clone (clones share the store connection and the concurrency cap).
+/// an error naming the URL, and never returns a mix of versions. (A plain HTTP server that gives
+/// neither an ETag nor a Last-Modified time leaves only the size to check.) Reads past the end
+/// are short, as with `pread`. Cheap to clone (clones share the store connection and the
+/// concurrency cap).
 ///
 /// The blocking calls ([`RemoteFile::read_at`], [`IoFuture::wait`]) must not be made from
 /// inside an async task of another tokio runtime's worker thread.
@@ -79,8 +82,9 @@ struct Inner {
     url: Arc<str>,
     location: store::Location,
     len: u64,
-    e_tag: Option<String>,
-    version: Option<String>,
+    /// What every read is conditional on: the ETag and version id at open, and where the store
+    /// gave no ETag, the Last-Modified time (`fetch::conditions`).
+    conditions: GetOptions,
     settings: Settings,
     /// The process that built them, the store, and the cap on ranges in flight this object
     /// shares with the other objects of its store: a forked child builds its own, since the
@@ -100,8 +104,12 @@ impl fmt::Debug for RemoteFile {
         f.debug_struct("RemoteFile")
             .field("url", &self.inner.url)
             .field("len", &self.inner.len)
-            .field("e_tag", &self.inner.e_tag)
-            .field("version", &self.inner.version)
+            .field("e_tag", &self.inner.conditions.if_match)
+            .field("version", &self.inner.conditions.version)
+            .field(
+                "unmodified_since",
+                &self.inner.conditions.if_unmodified_since,
+            )
             .finish()
     }
 }
@@ -122,6 +130,16 @@ impl RemoteFile {
     /// # Errors
     /// As for [`RemoteFile::open`].
     pub fn open_with(url: &str, settings: Settings) -> Result<RemoteFile> {
+        RemoteFile::open_until(url, settings, &|| false)
+    }
+
+    /// [`RemoteFile::open_with`], given up as soon as `cancelled()` turns true
+    /// ([`Error::Cancelled`]): a store slow to answer must not hold up a Ctrl-C.
+    pub(crate) fn open_until(
+        url: &str,
+        settings: Settings,
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<RemoteFile> {
         let location = store::parse(url)?;
         let store = store::build_with(&location, &settings)?;
         let handle = runtime::handle()?;
@@ -130,17 +148,25 @@ impl RemoteFile {
             mode: "r".into(),
             source,
         };
-        let meta = if location.signed {
-            handle.block_on(head_by_get(store.as_ref(), &location.path))
-        } else {
-            handle.block_on(store.head(&location.path))
-        }
-        .map_err(|e| open_err(store::io_error(e)))?;
+        let meta = handle
+            .block_on(runtime::unless_cancelled(
+                async {
+                    if location.signed {
+                        head_by_get(store.as_ref(), &location.path).await
+                    } else {
+                        store.head(&location.path).await
+                    }
+                },
+                cancelled,
+            ))
+            .ok_or(Error::Cancelled)?
+            .map_err(|e| open_err(store::io_error(e)))?;
         Ok(RemoteFile::with_meta(
             url,
             location,
             store,
-            (meta.size, meta.e_tag, meta.version),
+            meta.size,
+            fetch::conditions(&meta),
             settings,
         ))
     }
@@ -160,22 +186,29 @@ impl RemoteFile {
             return RemoteFile::open_with(&object.url, settings);
         }
         let store = store::build_with(&location, &settings)?;
-        let meta = (object.size, object.e_tag.clone(), object.version.clone());
+        let conditions = GetOptions {
+            if_match: object.e_tag.clone(),
+            version: object.version.clone(),
+            ..GetOptions::default()
+        };
         Ok(RemoteFile::with_meta(
             &object.url,
             location,
             store,
-            meta,
+            object.size,
+            conditions,
             settings,
         ))
     }
 
-    /// A remote file of `location` in `store`, of the given size, ETag and version.
+    /// A remote file of `location` in `store`, of `len` bytes, whose reads are conditional on
+    /// `conditions`.
     fn with_meta(
         url: &str,
         location: store::Location,
         store: Arc<dyn ObjectStore>,
-        (len, e_tag, version): (u64, Option<String>, Option<String>),
+        len: u64,
+        conditions: GetOptions,
         settings: Settings,
     ) -> RemoteFile {
         let in_flight = store::in_flight_cap(&location, &settings);
@@ -184,8 +217,7 @@ impl RemoteFile {
                 url: url.into(),
                 location,
                 len,
-                e_tag,
-                version,
+                conditions,
                 settings,
                 store: Mutex::new(Connection {
                     pid: crate::sys::process_id(),
@@ -213,12 +245,12 @@ impl RemoteFile {
 
     /// The object's ETag at open, if the store gave one; every read is conditional on it.
     pub fn e_tag(&self) -> Option<&str> {
-        self.inner.e_tag.as_deref()
+        self.inner.conditions.if_match.as_deref()
     }
 
     /// The object's version id at open, if the store keeps versions.
     pub fn version(&self) -> Option<&str> {
-        self.inner.version.as_deref()
+        self.inner.conditions.version.as_deref()
     }
 
     /// The store and in-flight cap for this process: those of the open, or new ones in a
@@ -239,8 +271,8 @@ impl RemoteFile {
             store: slot.store.clone(),
             path: location.path.clone(),
             url: self.inner.url.clone(),
-            e_tag: self.inner.e_tag.clone(),
-            version: self.inner.version.clone(),
+            len: self.inner.len,
+            conditions: self.inner.conditions.clone(),
             retries: settings.remote_retries,
             retry_timeout: settings.remote_retry_timeout,
         };
@@ -554,10 +586,7 @@ unsafe impl Send for SendPtr {}
 /// comes from the `Content-Range` of the answer), or for an object that has none (an empty one
 /// answers that range with 416) the whole object, whose body is dropped unread. For signed URLs,
 /// which are signed for GET alone.
-async fn head_by_get(
-    store: &dyn ObjectStore,
-    path: &Path,
-) -> object_store::Result<object_store::ObjectMeta> {
+async fn head_by_get(store: &dyn ObjectStore, path: &Path) -> object_store::Result<ObjectMeta> {
     let first = GetOptions {
         range: Some(GetRange::Bounded(0..1)),
         ..GetOptions::default()

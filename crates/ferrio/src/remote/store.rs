@@ -77,7 +77,17 @@ pub(crate) fn parse_prefix(url: &str) -> Result<Location> {
 fn parse_any(url: &str, prefix: bool) -> Result<Location> {
     let bad = |why: String| Error::InvalidArgument(format!("bad object URL {url:?}: {why}"));
     let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
-    let signed = matches!(parsed.scheme(), "http" | "https") && parsed.query().is_some();
+    let http = matches!(parsed.scheme(), "http" | "https");
+    // A key is the URL's path alone: a `#...` (or, outside http(s), a `?...`) would be left
+    // out of it silently, and `s3://b/k#1` would read or write the object `k`.
+    if parsed.fragment().is_some() || (!http && parsed.query().is_some()) {
+        return Err(bad(
+            "'#' and '?' are not part of an object's key in a URL: percent-encode them as %23 \
+             and %3F"
+                .into(),
+        ));
+    }
+    let signed = http && parsed.query().is_some();
     if signed {
         if prefix {
             return Err(bad(
@@ -517,6 +527,10 @@ mod tests {
             "file:///tmp/x",
             "memory:///x",
             "s3://bucket",
+            "s3://bucket/k#1",
+            "s3://bucket/k?versionId=1",
+            "gs://bucket/dir/?x",
+            "https://host/k#1",
         ] {
             match parse(url) {
                 Err(Error::InvalidArgument(msg)) => assert!(msg.contains(url), "{msg}"),
