@@ -17,6 +17,7 @@ import ferrio.safetensors as fs
 import ferrio.safetensors.numpy as fsn
 from ferrio.safetensors import SafetensorError
 
+safetensors = pytest.importorskip("safetensors")
 sn = pytest.importorskip("safetensors.numpy")
 
 NUMPY_DTYPES = [
@@ -408,6 +409,16 @@ def test_duplicate_names_are_refused(tmp_path):
     p.write_bytes(struct.pack("<Q", len(h)) + h + b"\0\0")
     with pytest.raises(SafetensorError, match="appears twice"):
         fs.safe_open(p, "numpy")
+
+
+def test_null_metadata_is_no_metadata_as_in_safetensors(tmp_path):
+    p = tmp_path / "m.safetensors"
+    write_raw(p, {"__metadata__": None, "a": f32(0, 4, [1])}, 4)
+    for module in (fs, safetensors):
+        with module.safe_open(p, "numpy") as f:
+            assert f.metadata() is None
+            assert f.keys() == ["a"]
+    assert_same(fsn.load(p.read_bytes()), sn.load(p.read_bytes()))
 
 
 def test_truncated_files_never_crash(tmp_path):

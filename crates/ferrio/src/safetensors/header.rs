@@ -153,7 +153,7 @@ impl Header {
                 return Err(invalid(Some(&name), "name appears twice in the header"));
             }
             if name == "__metadata__" {
-                metadata = Some(parse_metadata(value)?);
+                metadata = parse_metadata(value)?;
             } else {
                 tensors.push(parse_tensor(name, value)?);
             }
@@ -224,12 +224,17 @@ pub(crate) fn at_path(e: Error, at: &Path) -> Error {
     }
 }
 
-fn parse_metadata(value: serde_json::Value) -> Result<BTreeMap<String, String>> {
-    let serde_json::Value::Object(map) = value else {
-        return Err(invalid(
-            Some("__metadata__"),
-            "__metadata__ must be a JSON object of strings",
-        ));
+/// The `__metadata__` strings; `null` is no metadata, as `safetensors` reads it.
+fn parse_metadata(value: serde_json::Value) -> Result<Option<BTreeMap<String, String>>> {
+    let map = match value {
+        serde_json::Value::Object(map) => map,
+        serde_json::Value::Null => return Ok(None),
+        _ => {
+            return Err(invalid(
+                Some("__metadata__"),
+                "__metadata__ must be a JSON object of strings (or null)",
+            ))
+        }
     };
     map.into_iter()
         .map(|(k, v)| match v {
@@ -239,7 +244,8 @@ fn parse_metadata(value: serde_json::Value) -> Result<BTreeMap<String, String>> 
                 format!("__metadata__ value of {k:?} is not a string"),
             )),
         })
-        .collect()
+        .collect::<Result<_>>()
+        .map(Some)
 }
 
 fn parse_tensor(name: String, value: serde_json::Value) -> Result<TensorInfo> {

@@ -35,6 +35,14 @@ fn a_valid_file_parses_in_offset_order() {
 }
 
 #[test]
+fn null_metadata_is_no_metadata_as_in_safetensors() {
+    let json = r#"{"__metadata__":null,"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;
+    let h = Header::parse(&file(json, 1), 8 + json.len() as u64 + 1).unwrap();
+    assert_eq!(h.metadata, None);
+    assert_eq!(h.tensors.len(), 1);
+}
+
+#[test]
 fn each_rule_is_named() {
     let t = |j: &str, n: usize| rule_of(&file(j, n));
     let (_, r) = rule_of(&[1, 2, 3]);
@@ -83,6 +91,7 @@ fn each_rule_is_named() {
     assert!(t(r#"{"__metadata__":{"k":1}}"#, 0)
         .1
         .contains("not a string"));
+    assert!(t(r#"{"__metadata__":[]}"#, 0).1.contains("JSON object"));
     let (_, r) = t(
         r#"{"a":{"dtype":"F4","shape":[3],"data_offsets":[0,1]}}"#,
         1,
