@@ -133,6 +133,15 @@ def test_sharded_directory_and_index(tmp_path):
     assert_same(fsn.load_file([tmp_path / "model-00002-of-00002.safetensors"]), d2)
 
 
+def test_no_shards_is_an_empty_checkpoint(tmp_path):
+    """An empty list of files, or an index that maps no tensor, holds no tensor (no crash)."""
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
+    for path in ([], tmp_path / "m.safetensors.index.json", tmp_path):
+        assert fsn.load_file(path) == {}
+        with fs.safe_open(path, "numpy") as f:
+            assert f.keys() == [] and f.metadata() is None and list(f.tensors()) == []
+
+
 def test_a_missing_or_broken_shard_is_named_and_nothing_stays_open(tmp_path):
     """Shards are opened several at once: the first failure in file order is raised, naming
     its file, and every shard that did open is closed again."""

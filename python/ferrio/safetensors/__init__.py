@@ -231,6 +231,8 @@ class _Checkpoint:
         A shard's open and header are round trips to a store. Every handle opened is kept for
         `close`, and the first failure, in file order, is raised once all have finished.
         """
+        if not files:  # an empty list, or an index that maps no tensor
+            return []
         if len(files) == 1:
             handle = self.handles[files[0]] = ferrio.open(files[0], "r")
             return [safetensors_read_header(handle)]
