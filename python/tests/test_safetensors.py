@@ -133,6 +133,20 @@ def test_sharded_directory_and_index(tmp_path):
     assert_same(fsn.load_file([tmp_path / "model-00002-of-00002.safetensors"]), d2)
 
 
+def test_a_directory_with_two_indexes_is_ambiguous(tmp_path):
+    """Mistral's repositories hold consolidated.* and model.* checkpoints side by side: a
+    directory with both indexes names no single checkpoint, so neither (nor both) is loaded."""
+    names = {"consolidated": "layers.0.wq", "model": "model.layers.0.q_proj"}
+    for ckpt, name in names.items():
+        sn.save_file({name: np.zeros(2)}, tmp_path / f"{ckpt}.safetensors")
+        index = {"weight_map": {name: f"{ckpt}.safetensors"}}
+        (tmp_path / f"{ckpt}.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(SafetensorError, match="2 indexes"):
+        fsn.load_file(tmp_path)
+    got = fsn.load_file(tmp_path / "model.safetensors.index.json")
+    assert list(got) == ["model.layers.0.q_proj"]
+
+
 def test_no_shards_is_an_empty_checkpoint(tmp_path):
     """An empty list of files, or an index that maps no tensor, holds no tensor (no crash)."""
     (tmp_path / "m.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))

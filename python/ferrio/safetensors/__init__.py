@@ -141,6 +141,11 @@ def _shard_files(
         indexes = sorted(f for f in os.listdir(p) if f.endswith(".safetensors.index.json"))
         if len(indexes) == 1:
             return _shard_files(os.path.join(p, indexes[0]))
+        if indexes:  # e.g. Mistral's consolidated.* and model.*: two checkpoints side by side
+            raise SafetensorError(
+                f"directory {p!r} holds {len(indexes)} indexes ({', '.join(indexes)}): pass "
+                "the one to load"
+            )
         files = sorted(f for f in os.listdir(p) if f.endswith(".safetensors"))
         if not files:
             raise FileNotFoundError(f"no *.safetensors file in directory {p!r}")
