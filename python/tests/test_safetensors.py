@@ -296,6 +296,24 @@ def test_get_slice_reads_only_needed_rows(tmp_path, monkeypatch):
     assert rec.nbytes == (19 - 10 + 1) * 64 * 4
 
 
+def test_get_slice_integers_of_any_kind_index_as_in_safetensors(tmp_path, monkeypatch):
+    """A bool or numpy integer is one index, as safetensors reads it (numpy would take
+    `[True]` as a mask, adding a dimension), and reads only its row."""
+    w = sample("int16", (6, 5, 4), 5)
+    p = tmp_path / "m.safetensors"
+    sn.save_file({"w": w}, p)
+    keys = [True, False, (1, True), np.int64(-2), (np.int32(3), np.uint8(1), True)]
+    with safetensors.safe_open(p, "numpy") as ref:
+        want = [ref.get_slice("w")[k] for k in keys]
+    rec = Recorder(monkeypatch)
+    with fs.safe_open(p, "numpy") as f:
+        for k, expected in zip(keys, want, strict=True):
+            got = f.get_slice("w")[k]
+            assert got.shape == expected.shape, k
+            np.testing.assert_array_equal(got, expected)
+    assert rec.nbytes == len(keys) * 5 * 4 * 2
+
+
 def test_loaded_tensors_are_writable_and_aligned(tmp_path):
     d = {"a": sample("uint8", (3,), 1), "b": sample("float64", (5,), 2)}
     p = tmp_path / "m.safetensors"

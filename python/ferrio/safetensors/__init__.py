@@ -40,6 +40,7 @@ import contextlib
 import fnmatch
 import itertools
 import json
+import numbers
 import os
 import stat
 from collections import deque
@@ -407,13 +408,17 @@ class _Slice:
     def __getitem__(self, key: Any) -> Any:
         t = self._t
         keys = key if isinstance(key, tuple) else (key,)
+        # An integer of any kind (numpy's, or a bool) picks one index, as in safetensors:
+        # `[True]` is `[1]` there, where numpy and torch would read it as a mask.
+        keys = tuple(int(k) if isinstance(k, numbers.Integral) else k for k in keys)
+        key = keys if isinstance(key, tuple) else keys[0]
         first = keys[0] if keys else slice(None)
         rows = t.shape[0] if t.shape else 0
         row_bytes = t.nbytes // rows if rows else 0
         if not t.shape or rows == 0 or row_bytes * rows != t.nbytes:
             return self._owner._read(t)[key]
         new_first: int | slice
-        if isinstance(first, int) and not isinstance(first, bool):
+        if isinstance(first, int):
             i = first + rows if first < 0 else first
             if not 0 <= i < rows:
                 raise IndexError(f"index {first} is out of bounds for dimension 0 of {rows}")
