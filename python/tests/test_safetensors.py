@@ -586,6 +586,26 @@ def test_torch_refuses_noncontiguous_and_shared(tmp_path):
     assert (tmp_path / "x").read_bytes() != b""
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_torch_saves_tensors_that_require_grad(tmp_path, device):
+    """`dict(model.named_parameters())` holds tensors that require grad: safetensors saves
+    them, and so must we (numpy() and __cuda_array_interface__ refuse them undetached)."""
+    torch = pytest.importorskip("torch")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    st_torch = pytest.importorskip("safetensors.torch")
+    import ferrio.safetensors.torch as fst
+
+    layer = torch.nn.Linear(4, 3).to(device)
+    d = dict(layer.named_parameters())
+    assert all(t.requires_grad for t in d.values())
+    fst.save_file(d, tmp_path / "ours.safetensors")
+    st_torch.save_file(d, tmp_path / "theirs.safetensors")
+    ours = (tmp_path / "ours.safetensors").read_bytes()
+    assert ours == (tmp_path / "theirs.safetensors").read_bytes()
+    assert fst.save(d) == ours
+
+
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", 0])
 def test_torch_cuda_loads_and_saves(tmp_path, device):
     torch = pytest.importorskip("torch")

@@ -290,7 +290,9 @@ def _torch_bytes(name: str, tensor: Any) -> tuple[str, list[int], Any]:
     dtype = names.get(tensor.dtype)
     if dtype is None:
         raise ValueError(f"tensor {name!r}: safetensors has no dtype for {tensor.dtype}")
-    flat = tensor.reshape(-1).view(torch.uint8)
+    # detach: a tensor that requires grad (an nn.Parameter) has no numpy() nor
+    # __cuda_array_interface__; safetensors.torch saves it, so do we.
+    flat = tensor.detach().reshape(-1).view(torch.uint8)
     data = flat.numpy() if flat.device.type == "cpu" else flat
     return dtype, [int(d) for d in tensor.shape], data
 
