@@ -78,6 +78,8 @@ def test_safe_open_api(tmp_path):
         assert f.keys() == ["a", "b"]
         assert f.offset_keys() == ["b", "a"]
         assert f.metadata() == {"k": "v"}
+        f.metadata()["k"] = "changed"  # the caller's copy, as in safetensors
+        assert f.metadata() == {"k": "v"}
         np.testing.assert_array_equal(f.get_tensor("a"), d["a"])
         sl = f.get_slice("b")
         assert sl.get_shape() == [4, 3] and sl.get_dtype() == "F32"

@@ -547,8 +547,12 @@ class safe_open:  # the name of safetensors' class
         return list(self._ckpt.order)
 
     def metadata(self) -> dict[str, str] | None:
-        """Return the ``__metadata__`` strings (of the first shard), or None."""
-        return self._ckpt.metadata
+        """Return the ``__metadata__`` strings (of the first shard), or None.
+
+        A new dict on each call, as in safetensors: changing it changes nothing here.
+        """
+        meta = self._ckpt.metadata
+        return None if meta is None else dict(meta)
 
     def _info(self, name: str) -> _Tensor:
         t = self._ckpt.tensors.get(name)
