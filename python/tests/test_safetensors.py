@@ -70,6 +70,17 @@ def test_saved_bytes_equal_safetensors(tmp_path, metadata):
     assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
 
 
+@pytest.mark.parametrize("metadata", ["k=v", [("k", "v")], {"k": 1}, {1: "v"}])
+def test_metadata_that_is_not_a_dict_of_strings_is_a_type_error(tmp_path, metadata):
+    d = {"a": np.zeros(2)}
+    for save in (sn.save, fsn.save):
+        with pytest.raises(TypeError):
+            save(d, metadata=metadata)
+    with pytest.raises(TypeError):
+        fsn.save_file(d, tmp_path / "m.safetensors", metadata=metadata)
+    assert os.listdir(tmp_path) == []
+
+
 def test_safe_open_api(tmp_path):
     d = {"b": np.arange(12, dtype=np.float32).reshape(4, 3), "a": np.arange(4, dtype=np.int8)}
     p = tmp_path / "m.safetensors"

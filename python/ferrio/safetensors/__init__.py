@@ -683,6 +683,8 @@ def _prepare(
 ) -> tuple[bytes, list[tuple[Any, int]]]:
     if not isinstance(tensors, Mapping):
         raise ValueError(f"Expected a dict of [str, tensor] but received {type(tensors)}")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a dict of str to str, not {type(metadata).__name__}")
     check_not_shared(dict(tensors))
     specs, data = [], {}
     for name, t in tensors.items():
