@@ -186,6 +186,21 @@ def test_a_missing_or_broken_shard_is_named_and_nothing_stays_open(tmp_path):
     assert len(os.listdir("/proc/self/fd")) == fds
 
 
+def test_tensor_filter_opens_only_the_shards_the_index_names(tmp_path):
+    """With an index, a shard holding no selected tensor is never opened: one missing (or
+    slow to reach) does not matter."""
+    names = [f"model-{i:05d}-of-00003.safetensors" for i in range(1, 4)]
+    for i, n in enumerate(names):
+        sn.save_file({f"layers.{i}.w": sample("float32", (4,), i)}, tmp_path / n)
+    index = {"weight_map": {f"layers.{i}.w": n for i, n in enumerate(names)}}
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps(index))
+    os.unlink(tmp_path / names[0])
+    got = fsn.load_file(tmp_path, tensor_filter=["layers.2.*"])
+    assert_same(got, sn.load_file(tmp_path / names[2]))
+    with pytest.raises(FileNotFoundError, match=names[0]):
+        fsn.load_file(tmp_path, tensor_filter=["layers.0.*"])
+
+
 def test_duplicate_across_shards_names_both_files(tmp_path):
     sn.save_file({"a": np.zeros(2)}, tmp_path / "x.safetensors")
     sn.save_file({"a": np.ones(2)}, tmp_path / "y.safetensors")

@@ -182,6 +182,10 @@ class _Checkpoint:
         files, weight_map = _shard_files(path)
         if isinstance(tensor_filter, str):
             tensor_filter = [tensor_filter]
+        if weight_map is not None and tensor_filter is not None:
+            # The index says which shards hold a selected tensor: open only those.
+            wanted = {f for n, f in weight_map.items() if _selected(n, tensor_filter)}
+            files = [f for f in files if f in wanted]
         self.files = files
         self.handles: dict[str, ferrio.File | ferrio.RemoteFile] = {}
         try:
@@ -206,9 +210,7 @@ class _Checkpoint:
             for name, dtype, shape, begin, end in entries:
                 if weight_map is not None and weight_map.get(name) != file:
                     continue  # the index says another file holds it (or none does)
-                if tensor_filter is not None and not any(
-                    fnmatch.fnmatchcase(name, pat) for pat in tensor_filter
-                ):
+                if tensor_filter is not None and not _selected(name, tensor_filter):
                     continue
                 other = self.tensors.get(name)
                 if other is not None:
@@ -222,8 +224,7 @@ class _Checkpoint:
             missing = [
                 n
                 for n, f in weight_map.items()
-                if n not in self.tensors
-                and (tensor_filter is None or any(fnmatch.fnmatchcase(n, p) for p in tensor_filter))
+                if n not in self.tensors and (tensor_filter is None or _selected(n, tensor_filter))
             ]
             if missing:
                 raise SafetensorError(
@@ -257,6 +258,11 @@ class _Checkpoint:
     def close(self) -> None:
         for handle in self.handles.values():
             handle.close()
+
+
+def _selected(name: str, tensor_filter: Sequence[str]) -> bool:
+    """Whether `name` matches one of the `tensor_filter` globs."""
+    return any(fnmatch.fnmatchcase(name, pat) for pat in tensor_filter)
 
 
 def _open_and_read_header(file: str) -> tuple[ferrio.File | ferrio.RemoteFile | None, Any]:
@@ -445,7 +451,8 @@ class safe_open:  # the name of safetensors' class
 
     ``safe_open(path, framework="pt", device="cpu")`` as in ``safetensors``; ``path`` may also
     be a list of shard files, a directory of shards or an index JSON, and ``tensor_filter``
-    (glob patterns) limits which tensors it shows and reads. ``backend`` is accepted for
+    (glob patterns) limits which tensors it shows and reads (with an index, only the shards
+    that hold a selected tensor are opened). ``backend`` is accepted for
     compatibility and ignored. The header is read and validated on opening.
 
     ``process_group`` (a ``torch.distributed`` group, as InstantTensor's keyword): every rank
@@ -547,7 +554,7 @@ class safe_open:  # the name of safetensors' class
         return list(self._ckpt.order)
 
     def metadata(self) -> dict[str, str] | None:
-        """Return the ``__metadata__`` strings (of the first shard), or None.
+        """Return the ``__metadata__`` strings (of the first shard opened), or None.
 
         A new dict on each call, as in safetensors: changing it changes nothing here.
         """
