@@ -167,3 +167,16 @@ def test_timeout(big_file: tuple[Path, np.ndarray]) -> None:
             ferrio.wait([fut, *load], timeout=0.001)
         assert fut.result(timeout=60) == len(data), "the operation went on after the timeout"
         assert ferrio.wait(load) == [len(data)] * 8
+
+
+def test_timeouts_too_long_to_count_mean_no_limit(big_file: tuple[Path, np.ndarray]) -> None:
+    # Such a deadline overflowed the clock and raised a PanicException (a BaseException).
+    path, data = big_file
+    with ferrio.open(path, task_size="64KiB", direct_read="off") as f:
+        for timeout in (1e19, 1e30, float("inf")):
+            fut = f.pread(np.empty(len(data), dtype=np.uint8))
+            assert fut.result(timeout=timeout) == len(data)
+            assert fut.exception(timeout=timeout) is None
+            again = f.pread(np.empty(1 << 20, dtype=np.uint8))
+            assert ferrio.wait([again], timeout=timeout) == [1 << 20]
+        assert ferrio.wait([], timeout=1e19) == []

@@ -184,7 +184,7 @@ impl IOFuture {
 
     /// Waits up to `timeout` (seconds, `None`: forever) and returns the outcome.
     fn outcome(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Outcome> {
-        let timeout = timeout.map(seconds).transpose()?;
+        let timeout = timeout_of(timeout)?;
         if let Some(fut) = self.running() {
             if release_gil(py, WaitOne(fut), timeout)?.is_none() {
                 return Err(PyTimeoutError::new_err(format!(
@@ -220,18 +220,22 @@ fn call_back(fut: &Bound<'_, IOFuture>, cb: &Bound<'_, PyAny>) {
     }
 }
 
-/// Converts a timeout in seconds, refusing negative and NaN values.
-fn seconds(s: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(s).map_err(|_| {
-        PyValueError::new_err(format!(
+/// Converts a timeout in seconds (`None`: no limit), refusing negative and NaN values. One too
+/// long for a `Duration` (`float("inf")`, `1e20`) is no limit either.
+fn timeout_of(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if s.is_nan() || s < 0.0 => Err(PyValueError::new_err(format!(
             "timeout must be a non-negative number of seconds, not {s}"
-        ))
-    })
+        ))),
+        Some(s) => Ok(Duration::try_from_secs_f64(s).ok()),
+    }
 }
 
 #[pymethods]
 impl IOFuture {
-    /// Waits up to `timeout` seconds (None: as long as it takes) and returns the bytes moved.
+    /// Waits up to `timeout` seconds (None, or one too long to count such as `float("inf")`:
+    /// as long as it takes) and returns the bytes moved.
     ///
     /// For a read, fewer bytes than asked mean the file ended first. Raises the operation's
     /// exception if it failed (the same one on every call), `TimeoutError` if it is not done
@@ -324,8 +328,9 @@ impl IOFuture {
 /// order.
 ///
 /// Raises the first failed future's exception once all have finished, or `TimeoutError` if
-/// they are not all done within `timeout` seconds (they go on). On Ctrl-C every future is
-/// cancelled and has stopped before `KeyboardInterrupt` is raised.
+/// they are not all done within `timeout` seconds (they go on; None or `float("inf")`: no
+/// limit). On Ctrl-C every future is cancelled and has stopped before `KeyboardInterrupt` is
+/// raised.
 #[pyfunction]
 #[pyo3(signature = (futures, timeout=None))]
 pub(crate) fn wait(
@@ -333,7 +338,7 @@ pub(crate) fn wait(
     futures: Vec<Bound<'_, IOFuture>>,
     timeout: Option<f64>,
 ) -> PyResult<Vec<usize>> {
-    let timeout = timeout.map(seconds).transpose()?;
+    let timeout = timeout_of(timeout)?;
     let running: Vec<_> = futures.iter().filter_map(|f| f.get().running()).collect();
     if release_gil(py, WaitAll(running), timeout)?.is_none() {
         return Err(PyTimeoutError::new_err(format!(
