@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -180,3 +181,33 @@ def test_timeouts_too_long_to_count_mean_no_limit(big_file: tuple[Path, np.ndarr
             again = f.pread(np.empty(1 << 20, dtype=np.uint8))
             assert ferrio.wait([again], timeout=timeout) == [1 << 20]
         assert ferrio.wait([], timeout=1e19) == []
+
+
+def test_a_callback_added_while_the_buffer_is_released_does_not_hang(
+    data_file: tuple[Path, np.ndarray],
+) -> None:
+    # Releasing the buffer of a finished read may run Python code (here the exporter's
+    # finalizer). add_done_callback used to release it holding a lock that code may need again
+    # (adding a callback itself, or another thread doing so): the process hung with the GIL held,
+    # so the check runs in a child process with a time limit.
+    script = f"""
+import ctypes, time
+import ferrio
+
+calls = []
+
+class Buf(ctypes.c_char * 4096):
+    def __del__(self):
+        fut.add_done_callback(lambda f: calls.append("from the finalizer"))
+
+with ferrio.open({str(data_file[0])!r}) as f:
+    fut = f.pread(Buf())
+    while "running" in repr(fut):  # wait without observing the future (done() would)
+        time.sleep(0.01)
+    fut.add_done_callback(lambda f: calls.append("first"))
+print("|".join(calls))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "from the finalizer|first", out.stderr

@@ -276,8 +276,11 @@ impl IOFuture {
     #[pyo3(signature = (r#fn, /))]
     fn add_done_callback(slf: &Bound<'_, Self>, r#fn: Bound<'_, PyAny>) -> PyResult<()> {
         let this = slf.get();
+        // Observed before taking the lock: releasing the buffer may run Python code (the
+        // exporter's finalizer), which must not find the lock held (it may add a callback too).
+        let done = this.observe().is_some();
         let mut cbs = lock(&this.callbacks);
-        if cbs.fired || (!cbs.hooked && this.observe().is_some()) {
+        if cbs.fired || (!cbs.hooked && done) {
             drop(cbs);
             call_back(slf, &r#fn);
             return Ok(());
