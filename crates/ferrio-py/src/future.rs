@@ -7,7 +7,7 @@
 //! engine's I/O workers, so a worker never waits for the GIL.
 
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
@@ -360,12 +360,17 @@ pub(crate) fn wait(
     Ok(counts)
 }
 
-/// The sender of the callback dispatcher, started on first use. The thread runs for the life of
-/// the process; it exits when it can no longer attach to the interpreter (shutdown).
+/// The sender of this process's callback dispatcher, started on first use. The thread runs for
+/// the life of the process; it exits when it can no longer attach to the interpreter (shutdown).
+/// A child forked from a process that had one gets its own: the parent's thread is not in it.
 fn dispatcher() -> PyResult<mpsc::Sender<Py<IOFuture>>> {
-    static SENDER: OnceLock<mpsc::Sender<Py<IOFuture>>> = OnceLock::new();
-    if let Some(s) = SENDER.get() {
-        return Ok(s.clone());
+    /// The dispatcher's sender, and the process it was started in.
+    static DISPATCHER: Mutex<Option<(u32, mpsc::Sender<Py<IOFuture>>)>> = Mutex::new(None);
+    let pid = std::process::id();
+    if let Some((started_in, sender)) = &*lock(&DISPATCHER) {
+        if *started_in == pid {
+            return Ok(sender.clone());
+        }
     }
     let (tx, rx) = mpsc::channel::<Py<IOFuture>>();
     let spawned = std::thread::Builder::new()
@@ -390,6 +395,17 @@ fn dispatcher() -> PyResult<mpsc::Sender<Py<IOFuture>>> {
             "cannot start ferrio's callback thread: {e}"
         )));
     }
-    // Two threads may race to start a dispatcher: the loser's thread ends when its sender drops.
-    Ok(SENDER.get_or_init(|| tx).clone())
+    let mut current = lock(&DISPATCHER);
+    match &*current {
+        // Two threads raced to start one: the loser's thread ends when its sender drops.
+        Some((started_in, sender)) if *started_in == pid => Ok(sender.clone()),
+        _ => {
+            // The parent's sender (if any) is forgotten, not dropped: its channel may hold the
+            // parent's futures, which are not this process's to release.
+            if let Some(inherited) = current.replace((pid, tx.clone())) {
+                std::mem::forget(inherited);
+            }
+            Ok(tx)
+        }
+    }
 }
