@@ -12,7 +12,13 @@ either is accepted here. Values are ints, bools or strings in the forms the vari
 4194304
 
 A file takes a snapshot of the settings when it is opened: changing them never affects files
-already open or I/O under way. The settings are shared by all threads of the process.
+already open or I/O under way, with one exception. The worker pool of a device serves every file
+on it and takes the size (``max_threads``, ``threads_per_device``, ``device_threads``) of the
+latest file opened there, so opening a file with other sizes resizes the pool of the files
+already open, until the next open. The settings are shared by all threads of the process, and a
+``with set(...)`` block puts back the values it found on entry: blocks of several threads that
+overlap without nesting (the first one entered exits first) leave the values of the other in
+force afterwards. Change settings from one thread, around the work of all threads.
 """
 
 from __future__ import annotations
@@ -116,5 +122,7 @@ def set(**values: Value) -> _Change:
 
         with ferrio.config.set(task_size="1MiB"):
             ...
+
+    The values are the whole process's, not the thread's: see the module's notes on threads.
     """
     return _Change(_native.config_set(list(values.items())))

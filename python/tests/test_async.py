@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -167,3 +168,46 @@ def test_timeout(big_file: tuple[Path, np.ndarray]) -> None:
             ferrio.wait([fut, *load], timeout=0.001)
         assert fut.result(timeout=60) == len(data), "the operation went on after the timeout"
         assert ferrio.wait(load) == [len(data)] * 8
+
+
+def test_timeouts_too_long_to_count_mean_no_limit(big_file: tuple[Path, np.ndarray]) -> None:
+    # Such a deadline overflowed the clock and raised a PanicException (a BaseException).
+    path, data = big_file
+    with ferrio.open(path, task_size="64KiB", direct_read="off") as f:
+        for timeout in (1e19, 1e30, float("inf")):
+            fut = f.pread(np.empty(len(data), dtype=np.uint8))
+            assert fut.result(timeout=timeout) == len(data)
+            assert fut.exception(timeout=timeout) is None
+            again = f.pread(np.empty(1 << 20, dtype=np.uint8))
+            assert ferrio.wait([again], timeout=timeout) == [1 << 20]
+        assert ferrio.wait([], timeout=1e19) == []
+
+
+def test_a_callback_added_while_the_buffer_is_released_does_not_hang(
+    data_file: tuple[Path, np.ndarray],
+) -> None:
+    # Releasing the buffer of a finished read may run Python code (here the exporter's
+    # finalizer). add_done_callback used to release it holding a lock that code may need again
+    # (adding a callback itself, or another thread doing so): the process hung with the GIL held,
+    # so the check runs in a child process with a time limit.
+    script = f"""
+import ctypes, time
+import ferrio
+
+calls = []
+
+class Buf(ctypes.c_char * 4096):
+    def __del__(self):
+        fut.add_done_callback(lambda f: calls.append("from the finalizer"))
+
+with ferrio.open({str(data_file[0])!r}) as f:
+    fut = f.pread(Buf())
+    while "running" in repr(fut):  # wait without observing the future (done() would)
+        time.sleep(0.01)
+    fut.add_done_callback(lambda f: calls.append("first"))
+print("|".join(calls))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "from the finalizer|first", out.stderr

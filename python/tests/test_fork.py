@@ -1,10 +1,13 @@
 """A child process builds its own worker pools: reads in a `fork` or `forkserver` child after the
-parent has used the pool complete, also through a File opened before the fork (issue 14)."""
+parent has used the pool complete, also through a File opened before the fork (issue 14), and
+its own callback thread: awaits and done callbacks complete in a `fork` child."""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -132,3 +135,31 @@ def _read_then_fork(path: str) -> int:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return -1
+
+
+def _await_and_call_back(path: str) -> tuple[int, bool]:
+    """In the child: awaits a read, and waits (bounded) for a done callback."""
+
+    async def read() -> int:
+        with ferrio.open(path) as f:
+            return await asyncio.wait_for(f.pread(np.empty(MIB, np.uint8)), DEADLINE_S / 4)
+
+    n = asyncio.run(read())
+    called = threading.Event()
+    with ferrio.open(path) as f:
+        fut = f.pread(np.empty(MIB, np.uint8))
+        fut.add_done_callback(lambda _: called.set())
+        fut.result()
+    return n, called.wait(DEADLINE_S / 4)
+
+
+def test_awaits_and_callbacks_work_in_a_forked_child(two_mib: tuple[Path, np.ndarray]) -> None:
+    # Callbacks (and so awaits) run on a dispatcher thread: a fork child of a parent that had
+    # started one used to send to the parent's thread, absent in the child, and wait forever.
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("start method fork is not available here")
+    path, _ = two_mib
+    assert _await_and_call_back(str(path)) == (MIB, True)
+    results = _map_with_deadline("fork", _await_and_call_back, [str(path)] * 2)
+    assert results == [(MIB, True)] * 2
+    assert _await_and_call_back(str(path)) == (MIB, True)

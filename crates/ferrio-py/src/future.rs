@@ -7,7 +7,7 @@
 //! engine's I/O workers, so a worker never waits for the GIL.
 
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyValueError};
@@ -184,7 +184,7 @@ impl IOFuture {
 
     /// Waits up to `timeout` (seconds, `None`: forever) and returns the outcome.
     fn outcome(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Outcome> {
-        let timeout = timeout.map(seconds).transpose()?;
+        let timeout = timeout_of(timeout)?;
         if let Some(fut) = self.running() {
             if release_gil(py, WaitOne(fut), timeout)?.is_none() {
                 return Err(PyTimeoutError::new_err(format!(
@@ -220,18 +220,22 @@ fn call_back(fut: &Bound<'_, IOFuture>, cb: &Bound<'_, PyAny>) {
     }
 }
 
-/// Converts a timeout in seconds, refusing negative and NaN values.
-fn seconds(s: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(s).map_err(|_| {
-        PyValueError::new_err(format!(
+/// Converts a timeout in seconds (`None`: no limit), refusing negative and NaN values. One too
+/// long for a `Duration` (`float("inf")`, `1e20`) is no limit either.
+fn timeout_of(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if s.is_nan() || s < 0.0 => Err(PyValueError::new_err(format!(
             "timeout must be a non-negative number of seconds, not {s}"
-        ))
-    })
+        ))),
+        Some(s) => Ok(Duration::try_from_secs_f64(s).ok()),
+    }
 }
 
 #[pymethods]
 impl IOFuture {
-    /// Waits up to `timeout` seconds (None: as long as it takes) and returns the bytes moved.
+    /// Waits up to `timeout` seconds (None, or one too long to count such as `float("inf")`:
+    /// as long as it takes) and returns the bytes moved.
     ///
     /// For a read, fewer bytes than asked mean the file ended first. Raises the operation's
     /// exception if it failed (the same one on every call), `TimeoutError` if it is not done
@@ -272,8 +276,11 @@ impl IOFuture {
     #[pyo3(signature = (r#fn, /))]
     fn add_done_callback(slf: &Bound<'_, Self>, r#fn: Bound<'_, PyAny>) -> PyResult<()> {
         let this = slf.get();
+        // Observed before taking the lock: releasing the buffer may run Python code (the
+        // exporter's finalizer), which must not find the lock held (it may add a callback too).
+        let done = this.observe().is_some();
         let mut cbs = lock(&this.callbacks);
-        if cbs.fired || (!cbs.hooked && this.observe().is_some()) {
+        if cbs.fired || (!cbs.hooked && done) {
             drop(cbs);
             call_back(slf, &r#fn);
             return Ok(());
@@ -324,8 +331,9 @@ impl IOFuture {
 /// order.
 ///
 /// Raises the first failed future's exception once all have finished, or `TimeoutError` if
-/// they are not all done within `timeout` seconds (they go on). On Ctrl-C every future is
-/// cancelled and has stopped before `KeyboardInterrupt` is raised.
+/// they are not all done within `timeout` seconds (they go on; None or `float("inf")`: no
+/// limit). On Ctrl-C every future is cancelled and has stopped before `KeyboardInterrupt` is
+/// raised.
 #[pyfunction]
 #[pyo3(signature = (futures, timeout=None))]
 pub(crate) fn wait(
@@ -333,7 +341,7 @@ pub(crate) fn wait(
     futures: Vec<Bound<'_, IOFuture>>,
     timeout: Option<f64>,
 ) -> PyResult<Vec<usize>> {
-    let timeout = timeout.map(seconds).transpose()?;
+    let timeout = timeout_of(timeout)?;
     let running: Vec<_> = futures.iter().filter_map(|f| f.get().running()).collect();
     if release_gil(py, WaitAll(running), timeout)?.is_none() {
         return Err(PyTimeoutError::new_err(format!(
@@ -352,12 +360,17 @@ pub(crate) fn wait(
     Ok(counts)
 }
 
-/// The sender of the callback dispatcher, started on first use. The thread runs for the life of
-/// the process; it exits when it can no longer attach to the interpreter (shutdown).
+/// The sender of this process's callback dispatcher, started on first use. The thread runs for
+/// the life of the process; it exits when it can no longer attach to the interpreter (shutdown).
+/// A child forked from a process that had one gets its own: the parent's thread is not in it.
 fn dispatcher() -> PyResult<mpsc::Sender<Py<IOFuture>>> {
-    static SENDER: OnceLock<mpsc::Sender<Py<IOFuture>>> = OnceLock::new();
-    if let Some(s) = SENDER.get() {
-        return Ok(s.clone());
+    /// The dispatcher's sender, and the process it was started in.
+    static DISPATCHER: Mutex<Option<(u32, mpsc::Sender<Py<IOFuture>>)>> = Mutex::new(None);
+    let pid = std::process::id();
+    if let Some((started_in, sender)) = &*lock(&DISPATCHER) {
+        if *started_in == pid {
+            return Ok(sender.clone());
+        }
     }
     let (tx, rx) = mpsc::channel::<Py<IOFuture>>();
     let spawned = std::thread::Builder::new()
@@ -382,6 +395,17 @@ fn dispatcher() -> PyResult<mpsc::Sender<Py<IOFuture>>> {
             "cannot start ferrio's callback thread: {e}"
         )));
     }
-    // Two threads may race to start a dispatcher: the loser's thread ends when its sender drops.
-    Ok(SENDER.get_or_init(|| tx).clone())
+    let mut current = lock(&DISPATCHER);
+    match &*current {
+        // Two threads raced to start one: the loser's thread ends when its sender drops.
+        Some((started_in, sender)) if *started_in == pid => Ok(sender.clone()),
+        _ => {
+            // The parent's sender (if any) is forgotten, not dropped: its channel may hold the
+            // parent's futures, which are not this process's to release.
+            if let Some(inherited) = current.replace((pid, tx.clone())) {
+                std::mem::forget(inherited);
+            }
+            Ok(tx)
+        }
+    }
 }

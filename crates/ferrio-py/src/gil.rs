@@ -35,7 +35,8 @@ pub(crate) fn release_gil<B: Blocking>(
     mut work: B,
     timeout: Option<Duration>,
 ) -> PyResult<Option<B::Output>> {
-    let deadline = timeout.map(|t| Instant::now() + t);
+    // A deadline further away than the clock can count (a timeout of centuries) is none.
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
     loop {
         let slice = match deadline {
             None => SLICE,
