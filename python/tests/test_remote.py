@@ -55,6 +55,7 @@ class _Object:
         self.stalls = 0  # this many GETs send half their body, then stall for `stall_s`
         self.stall_s = 0.0
         self.shift_range = 0  # ranges are answered this many bytes later than asked (and say so)
+        self.head = "ok"  # or "405": HEAD not allowed; "no-length": HEAD without Content-Length
         self.gets = 0
         self.lock = threading.Lock()
 
@@ -86,6 +87,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_HEAD(self) -> None:
         if self._missing():
+            return
+        if self.obj.head == "405":
+            self._headers(405, 0, {"Allow": "GET"})
+            return
+        if self.obj.head == "no-length":
+            self.send_response(200)
+            self.send_header("ETag", self.obj.etag)
+            self.end_headers()
             return
         with self.obj.lock:
             self._headers(200, len(self.obj.body), {})
@@ -214,6 +223,19 @@ def test_http_dropped_connection_mid_body(http_object: tuple[str, _Object]) -> N
     else:
         assert outcome[0] == obj.body
     assert obj.drop_after == 0
+
+
+@pytest.mark.parametrize("head", ["405", "no-length"])
+def test_a_server_whose_head_does_not_give_the_size_is_asked_with_a_get(
+    http_object: tuple[str, _Object], head: str
+) -> None:
+    """Web servers that refuse HEAD, or answer it without a Content-Length, still serve: the
+    object is opened with a one-byte ranged GET, as a presigned URL is."""
+    url, obj = http_object
+    obj.head = head
+    with ferrio.open(url) as f:
+        assert f.size == len(obj.body)
+        assert in_thread(lambda: _read_all(f)) == obj.body
 
 
 def test_http_stalled_body_times_out_and_is_asked_again(http_object: tuple[str, _Object]) -> None:

@@ -152,9 +152,20 @@ impl RemoteFile {
             .block_on(runtime::unless_cancelled(
                 async {
                     if location.signed {
-                        head_by_get(store.as_ref(), &location.path).await
-                    } else {
-                        store.head(&location.path).await
+                        return head_by_get(store.as_ref(), &location.path).await;
+                    }
+                    match store.head(&location.path).await {
+                        // A web server that refuses HEAD or answers it without a Content-Length
+                        // is asked with a GET instead. object_store reads a 405 as a missing
+                        // object (as WebDAV directories answer), so a missing one is asked too.
+                        Err(e)
+                            if location.scheme == object_store::ObjectStoreScheme::Http
+                                && (matches!(e, object_store::Error::NotFound { .. })
+                                    || !is_refusal(&e)) =>
+                        {
+                            head_by_get(store.as_ref(), &location.path).await.or(Err(e))
+                        }
+                        other => other,
                     }
                 },
                 cancelled,
@@ -585,7 +596,7 @@ unsafe impl Send for SendPtr {}
 /// What a HEAD would say of the object at `path`, asked with a GET: the first byte (the size
 /// comes from the `Content-Range` of the answer), or for an object that has none (an empty one
 /// answers that range with 416) the whole object, whose body is dropped unread. For signed URLs,
-/// which are signed for GET alone.
+/// which are signed for GET alone, and web servers whose HEAD does not say the size.
 async fn head_by_get(store: &dyn ObjectStore, path: &Path) -> object_store::Result<ObjectMeta> {
     let first = GetOptions {
         range: Some(GetRange::Bounded(0..1)),
@@ -593,13 +604,20 @@ async fn head_by_get(store: &dyn ObjectStore, path: &Path) -> object_store::Resu
     };
     match store.get_opts(path, first).await {
         Ok(got) => Ok(got.meta),
-        Err(
-            e @ (object_store::Error::NotFound { .. }
-            | object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. }),
-        ) => Err(e),
+        Err(e) if is_refusal(&e) => Err(e),
         Err(_) => Ok(store.get_opts(path, GetOptions::default()).await?.meta),
     }
+}
+
+/// Whether the store said no to the object itself (missing, denied): asking another way
+/// would get the same answer.
+fn is_refusal(e: &object_store::Error) -> bool {
+    matches!(
+        e,
+        object_store::Error::NotFound { .. }
+            | object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. }
+    )
 }
 
 #[cfg(test)]
