@@ -2,8 +2,9 @@
 """Where a fresh process's first file -> GPU read loses time (issue 16's first-call cost).
 
 Part 1, the CUDA driver alone (ctypes, no ferrio): how long pinned host memory takes to get,
-as many 4 MiB `cuMemHostAlloc` calls one after the other, the same from 16 threads at once, one
-large call, and `cuMemHostRegister` of ordinary memory (`--no-driver` skips it). Part 2, ferrio
+as many 2 MiB `cuMemHostAlloc` calls one after the other, the same from 16 threads at once, one
+large call, and `cuMemHostRegister` of private anonymous memory in 4 KiB and in transparent huge
+pages, mapping and faulting in on the clock (`--no-driver` skips it). Part 2, ferrio
 in fresh processes: the first read of a page-cache-warm file into a CuPy array against the
 second, for each variant of the ring set-up (`--variants`; each a set of `FERRIO_*` variables),
 variants alternating round by round, medians. Every child runs with `FERRIO_TRACE=1`; the
@@ -11,8 +12,8 @@ timeline of its first read is summarised per variant (when the last worker had i
 first copy, the pinning done on the workers, waits), and the
 per-thread timeline of one child per variant is printed (`--timelines 0` leaves it out).
 
-    python3 benchmarks/first_call.py FILE [--rounds 5] [--variants eager,eager-1buf,eager-2x4MiB]
-        [--small] [--mib-per-buffer 4] [--buffers 32] [--json OUT]
+    python3 benchmarks/first_call.py FILE [--rounds 5] [--variants mapped,driver,eager-1buf]
+        [--small] [--mib-per-buffer 2] [--buffers 32] [--json OUT]
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ VARIANTS = {
     "eager": {},
     "eager-1buf": {"FERRIO_BOUNCE_BUFFERS": "1"},
     "eager-2x4MiB": {"FERRIO_BOUNCE_BUFFER_SIZE": "4MiB"},
+    "mapped": {"FERRIO_PINNED_MEMORY": "mapped"},
+    "driver": {"FERRIO_PINNED_MEMORY": "driver"},
 }
 
 
@@ -177,23 +180,64 @@ def part_driver(buf_mib: int, count: int) -> dict:
     def one_slab() -> None:
         keep.append(host_alloc(cuda, nbytes * count))
 
-    def register() -> None:
-        import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]  # fmt: skip
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    huge = 2 << 20
 
-        m = mmap.mmap(-1, nbytes * count)
-        m.write(b"\0" * len(m))  # faulted in first, as a pool of ordinary memory would be
-        addr = ctypes.c_void_p.from_buffer(m)
-        keep.append(m)
-        rc = cuda.cuMemHostRegister_v2(ctypes.addressof(addr), ctypes.c_size_t(len(m)), 0)
-        assert rc == 0, rc
+    def mapped(n: int, thp: bool) -> int:
+        """Private anonymous memory, huge-page aligned and advised if `thp`, faulted in."""
+        total = n + (huge if thp else 0)
+        base = libc.mmap(None, total, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+        assert base not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        start = (base + huge - 1) // huge * huge if thp else base
+        if thp:
+            libc.madvise(start, n, 14)  # MADV_HUGEPAGE
+        ctypes.memset(start, 0, n)
+        return start
 
+    def register(n: int, thp: bool, pieces: int, threads: int = 1) -> None:
+        def work(k: int) -> None:
+            cuda.cuCtxSetCurrent(cuda._ctx)
+            for _ in range(k):
+                p = mapped(n // pieces, thp)
+                rc = cuda.cuMemHostRegister_v2(ctypes.c_void_p(p), ctypes.c_size_t(n // pieces), 1)
+                assert rc == 0, f"cuMemHostRegister: {rc}"
+
+        if threads == 1:
+            work(pieces)
+            return
+        ts = [threading.Thread(target=work, args=(pieces // threads,)) for _ in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+            thp_mode = fh.read().strip()
+    except OSError:
+        thp_mode = "unknown"
+    print(f"transparent huge pages: {thp_mode}")
+    res["thp"] = thp_mode
     timed(f"cuMemHostAlloc {count} x {buf_mib} MiB, one after another", sequential, res)
     timed(f"cuMemHostAlloc {count} x {buf_mib} MiB from 16 threads", threaded, res)
     timed(f"cuMemHostAlloc 1 x {count * buf_mib} MiB", one_slab, res)
-    try:
-        timed(f"cuMemHostRegister of {count * buf_mib} MiB (faulted)", register, res)
-    except (AssertionError, ValueError, TypeError) as e:
-        print(f"cuMemHostRegister: {e}")
+    total = nbytes * count
+    for label, thp, pieces, threads in (
+        (f"register 1 x {count * buf_mib} MiB, 4 KiB pages (mmap+fault on the clock)", False, 1, 1),
+        (f"register 1 x {count * buf_mib} MiB, huge pages", True, 1, 1),
+        (f"register {count} x {buf_mib} MiB, 4 KiB pages, one after another", False, count, 1),
+        (f"register {count} x {buf_mib} MiB, huge pages, one after another", True, count, 1),
+        (f"register {count} x {buf_mib} MiB, huge pages, from 16 threads", True, count, 16),
+    ):
+        try:
+            timed(label, lambda t=thp, p=pieces, th=threads: register(total, t, p, th), res)
+        except AssertionError as e:
+            print(f"{label}: {e}")
     return res
 
 
@@ -211,10 +255,10 @@ def run_child(path: str, small: bool, env_extra: dict) -> tuple[dict, list]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("file")
-    ap.add_argument("--mib-per-buffer", type=int, default=4)
+    ap.add_argument("--mib-per-buffer", type=int, default=2)
     ap.add_argument("--buffers", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--variants", default="eager,eager-1buf,eager-2x4MiB")
+    ap.add_argument("--variants", default="mapped,driver")
     ap.add_argument("--small", action="store_true", help="also a 64 MiB read before the first")
     ap.add_argument("--no-driver", action="store_true", help="skip part 1")
     ap.add_argument("--timelines", type=int, default=1, help="per-thread timelines per variant")

@@ -113,7 +113,7 @@ step first-call
 F=/root/ferrio-first-call.bin
 "$ROOT/.carry/bin/ferrio" write "$F" --size 8GiB >>"$S" 2>&1
 timeout "${FIRSTCALL_TIMEOUT:-150}" python3 benchmarks/first_call.py "$F" --rounds "${FIRSTCALL_ROUNDS:-4}" \
-  --no-driver --json "$LOGS/first_call.json" >"$LOGS/first_call.log" 2>&1
+  --variants "${FIRSTCALL_VARIANTS:-mapped,driver}" --json "$LOGS/first_call.json" >"$LOGS/first_call.log" 2>&1
 sed -n '/^medians/,$p' "$LOGS/first_call.log" | head -12 | tee -a "$S"
 rm -f "$F"
 fi

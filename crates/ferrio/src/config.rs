@@ -107,6 +107,47 @@ impl FromStr for CacheMode {
     }
 }
 
+/// How the pinned bounce buffers for GPU transfers are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PinnedMemory {
+    /// ferrio maps the memory itself (huge pages where the kernel has them, on the GPU's NUMA
+    /// node where the machine has several) and registers it with the driver
+    /// (`cuMemHostRegister`); where the driver refuses to register, as `Driver`.
+    Mapped,
+    /// The driver allocates it (`cuMemHostAlloc`), wherever it likes.
+    Driver,
+}
+
+impl PinnedMemory {
+    /// The accepted spellings, for error messages.
+    pub const FORMS: &'static str = "mapped|driver";
+
+    /// The canonical name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PinnedMemory::Mapped => "mapped",
+            PinnedMemory::Driver => "driver",
+        }
+    }
+}
+
+impl fmt::Display for PinnedMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PinnedMemory {
+    type Err = ();
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "mapped" => Ok(PinnedMemory::Mapped),
+            "driver" => Ok(PinnedMemory::Driver),
+            _ => Err(()),
+        }
+    }
+}
+
 /// All of ferrio's knobs. Construct with [`Settings::default`], [`Settings::from_env`] or
 /// [`Settings::current`], change fields directly or by name with [`Settings::set`].
 ///
@@ -142,6 +183,8 @@ pub struct Settings {
     pub bounce_buffers: usize,
     /// Cap on pinned host memory held by all bounce rings.
     pub pinned_limit: u64,
+    /// How the bounce rings' pinned memory is made.
+    pub pinned_memory: PinnedMemory,
     /// Bytes per ranged GET when reading a remote object.
     pub remote_range_size: u64,
     /// Ranged GETs in flight per remote store (all objects of one bucket or server share them).
@@ -175,6 +218,7 @@ impl Default for Settings {
             bounce_buffers: 0,
             fill_in_flight: 0,
             pinned_limit: 0,
+            pinned_memory: PinnedMemory::Driver,
             remote_range_size: 0,
             remote_concurrency: 0,
             remote_connect_timeout: Duration::ZERO,
@@ -381,6 +425,19 @@ pub const SETTINGS: &[SettingInfo] = &[
         get: |s| s.pinned_limit.to_string(),
         set: |s, v| {
             s.pinned_limit = size(v, 0, SIZE_FORMS)?;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "pinned_memory",
+        env: "FERRIO_PINNED_MEMORY",
+        unit: "mapped/driver",
+        default: "mapped",
+        doc: "how bounce buffers are pinned: mapped = ferrio maps them (huge pages, the GPU's \
+              NUMA node) and registers them with the driver, driver = cuMemHostAlloc",
+        get: |s| s.pinned_memory.to_string(),
+        set: |s, v| {
+            s.pinned_memory = v.parse().map_err(|_| PinnedMemory::FORMS)?;
             Ok(())
         },
     },

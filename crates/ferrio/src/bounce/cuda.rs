@@ -4,43 +4,61 @@
 //! engine's context; streams and events are [`crate::cuda`]'s owned [`Stream`] and [`Event`].
 //! This file has no FFI of its own and knows nothing of the ring's logic.
 //!
-//! Pinned memory comes from `cuMemHostAlloc`, except on a machine with several NUMA nodes
-//! where the GPU's node is known ([`topology::context_node`]): there it is mapped on that node
-//! (`sys::numa`), faulted in, and pinned with `cuMemHostRegister`, so the bytes cross no
-//! inter-socket link on their way to the GPU. Which kind each allocation is, is remembered, so
-//! that it is freed the way it was made.
+//! Pinned memory is made as the engine's [`PinnedMemory`] says. `Mapped` (the default): mapped
+//! here (`sys::numa`) in huge pages where the kernel has them, on the GPU's NUMA node where the
+//! machine has several ([`topology::context_node`]), faulted in, and pinned with
+//! `cuMemHostRegister`: the driver pins a huge page as one, and the bytes cross no
+//! inter-socket link on their way to the GPU. Where the driver refuses to register (some
+//! virtual machines), and for `Driver`, it comes from `cuMemHostAlloc`. Which kind each
+//! allocation is, is remembered, so that it is freed the way it was made.
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use super::CopyEngine;
+use crate::config::PinnedMemory;
 use crate::cuda::{self, calls, Context, ContextGuard, DevicePtr, Event, Stream};
 use crate::error::{Error, Result};
 use crate::{sys, topology};
 
-/// Pinned allocations placed on a NUMA node (mapped and registered, not `cuMemHostAlloc`ed):
-/// start address → length mapped.
-fn placed() -> &'static Mutex<HashMap<usize, usize>> {
-    static PLACED: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
-    PLACED.get_or_init(Mutex::default)
+/// Pinned allocations mapped here and registered (not `cuMemHostAlloc`ed): start address →
+/// length mapped.
+fn mapped() -> &'static Mutex<HashMap<usize, usize>> {
+    static MAPPED: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
+    MAPPED.get_or_init(Mutex::default)
 }
+
+/// Set once the driver refused to register memory: later allocations go to `cuMemHostAlloc`
+/// straight away rather than mapping and faulting in memory that cannot be pinned.
+static REGISTER_REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// The real driver as a [`CopyEngine`]: every resource belongs to one context, which
 /// [`CopyEngine::bind`] makes current for the duration of an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CudaEngine {
     context: Context,
+    pinned: PinnedMemory,
 }
 
 impl CudaEngine {
-    /// An engine for `context` (from [`cuda::classify`] or [`Context::primary`]).
+    /// An engine for `context` (from [`cuda::classify`] or [`Context::primary`]) that pins
+    /// memory the default way ([`PinnedMemory::Mapped`]).
     ///
     /// # Errors
     /// [`Error::CudaUnavailable`](crate::Error::CudaUnavailable) without a driver.
     pub fn new(context: Context) -> Result<CudaEngine> {
         cuda::available()?;
-        Ok(CudaEngine { context })
+        Ok(CudaEngine {
+            context,
+            pinned: PinnedMemory::Mapped,
+        })
+    }
+
+    /// This engine, pinning memory as `pinned` says.
+    pub fn pinning(self, pinned: PinnedMemory) -> CudaEngine {
+        CudaEngine { pinned, ..self }
     }
 
     /// The context this engine works in.
@@ -48,18 +66,21 @@ impl CudaEngine {
         self.context
     }
 
-    /// Pinned memory of `len` bytes placed on NUMA node `node`: mapped there, faulted in, then
-    /// registered with the driver. [`CopyEngine::free_pinned`] frees it.
-    ///
-    /// Used by `alloc_pinned` on machines with several nodes; tests call it to run this path
-    /// on a machine with one.
+    /// Pinned memory of `len` bytes mapped here (placed on NUMA node `node` if given, in huge
+    /// pages if `huge`), faulted in, then registered with the driver. [`CopyEngine::free_pinned`]
+    /// frees it.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the node cannot be used; the driver's error when it
-    /// cannot pin the memory (nothing stays mapped then).
-    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
-    pub(crate) fn alloc_pinned_on(&self, len: usize, node: u32) -> Result<NonNull<u8>> {
-        let p = sys::numa::map_on_node(len, node).map_err(|e| {
+    /// [`Error::InvalidArgument`] when the node cannot be used, [`Error::OutOfMemory`] when
+    /// nothing can be mapped; the driver's error when it cannot pin the memory (nothing stays
+    /// mapped then).
+    pub(crate) fn alloc_mapped(
+        &self,
+        len: usize,
+        node: Option<u32>,
+        huge: bool,
+    ) -> Result<NonNull<u8>> {
+        let (p, mapped_len) = sys::numa::map_anonymous(len, node, huge).map_err(|e| {
             let what = format!("pinned memory of {len} bytes: {e}");
             if e.kind() == std::io::ErrorKind::OutOfMemory {
                 Error::OutOfMemory(what)
@@ -67,28 +88,28 @@ impl CudaEngine {
                 Error::InvalidArgument(what)
             }
         })?;
-        // SAFETY: `p..p+len` was just mapped; it stays mapped until `free_pinned` unregisters
-        // it first.
-        if let Err(e) = unsafe { calls::mem_host_register(self.context, p.cast(), len) } {
+        // SAFETY: `p..p+mapped_len` was just mapped; it stays mapped until `free_pinned`
+        // unregisters it first.
+        if let Err(e) = unsafe { calls::mem_host_register(self.context, p.cast(), mapped_len) } {
             // SAFETY: mapped above with this length, never handed out.
-            let _ = unsafe { sys::numa::unmap(p, len) };
+            let _ = unsafe { sys::numa::unmap(p, mapped_len) };
             return Err(e);
         }
-        placed()
+        mapped()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(p.as_ptr() as usize, len);
+            .insert(p.as_ptr() as usize, mapped_len);
         Ok(p)
     }
 
     #[cfg(any(test, feature = "testing"))]
-    /// [`alloc_pinned_on`](Self::alloc_pinned_on) for the integration tests: pinned memory
-    /// placed on `node` even on a machine with one node.
+    /// [`alloc_mapped`](Self::alloc_mapped) for the integration tests: pinned memory placed on
+    /// `node` (even on a machine with one node), in huge pages if `huge`.
     ///
     /// # Errors
-    /// As for `alloc_pinned_on`.
-    pub fn alloc_pinned_on_node(&self, len: usize, node: u32) -> Result<NonNull<u8>> {
-        self.alloc_pinned_on(len, node)
+    /// As for `alloc_mapped`.
+    pub fn alloc_pinned_on_node(&self, len: usize, node: u32, huge: bool) -> Result<NonNull<u8>> {
+        self.alloc_mapped(len, Some(node), huge)
     }
 }
 
@@ -102,28 +123,41 @@ impl CopyEngine for CudaEngine {
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<NonNull<u8>> {
-        if let Some(node) = topology::context_node(self.context) {
-            // Placement is an optimisation: memory from elsewhere is slower, not wrong.
-            if let Ok(p) = self.alloc_pinned_on(len, node) {
-                return Ok(p);
+        if self.pinned == PinnedMemory::Mapped && !REGISTER_REFUSED.load(Ordering::Relaxed) {
+            let node = topology::context_node(self.context);
+            // Huge pages for buffers of at least one: a smaller buffer would waste the rest.
+            let huge = len >= sys::numa::HUGE_PAGE;
+            match self.alloc_mapped(len, node, huge) {
+                Ok(p) => return Ok(p),
+                // Placement is an optimisation: memory from elsewhere is slower, not wrong.
+                Err(Error::InvalidArgument(_)) if node.is_some() => {
+                    if let Ok(p) = self.alloc_mapped(len, None, huge) {
+                        return Ok(p);
+                    }
+                }
+                // Short of memory now, perhaps not later.
+                Err(Error::OutOfMemory(_)) => {}
+                Err(Error::Cuda { code, .. }) if code == cuda::CUDA_ERROR_OUT_OF_MEMORY => {}
+                // The driver would not register it: it will not later either.
+                Err(_) => REGISTER_REFUSED.store(true, Ordering::Relaxed),
             }
         }
         calls::mem_host_alloc(self.context, len).map(NonNull::cast)
     }
 
     unsafe fn free_pinned(&self, ptr: NonNull<u8>, _len: usize) -> Result<()> {
-        let placed = placed()
+        let mapped_len = mapped()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&(ptr.as_ptr() as usize));
-        match placed {
-            Some(mapped) => {
+        match mapped_len {
+            Some(mapped_len) => {
                 // SAFETY: the caller passes a pointer from `alloc_pinned` that no copy uses any
-                // more, freed once; it was registered by `alloc_pinned_on`.
+                // more, freed once; it was registered by `alloc_mapped`.
                 unsafe { calls::mem_host_unregister(self.context, ptr.cast()) }?;
-                // SAFETY: mapped by `alloc_pinned_on` with `mapped` bytes, unregistered just
+                // SAFETY: mapped by `alloc_mapped` with `mapped_len` bytes, unregistered just
                 // now, and removed from the table, so unmapped once.
-                unsafe { sys::numa::unmap(ptr, mapped) }
+                unsafe { sys::numa::unmap(ptr, mapped_len) }
                     .map_err(|e| Error::InvalidArgument(format!("unmapping pinned memory: {e}")))
             }
             None => {

@@ -124,7 +124,7 @@ fn with_thread_ring<R>(
     settings: &Settings,
     f: impl FnOnce(&mut BounceRing<CudaEngine>) -> Result<R>,
 ) -> Result<R> {
-    let engine = CudaEngine::new(context)?;
+    let engine = CudaEngine::new(context)?.pinning(settings.pinned_memory);
     with_thread_rings(
         "transfer was started",
         |set| f(set.ring(&engine, settings)?),

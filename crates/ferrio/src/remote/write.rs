@@ -74,9 +74,10 @@ pub struct RemoteWriter {
     /// The process that started the upload: its runtime's threads, connections and parts
     /// exist only there, so a forked child may neither continue nor abort it.
     owner: u32,
-    /// The bounce ring's sizes, for writes from GPU memory.
+    /// The bounce ring's sizes and pinning, for writes from GPU memory.
     bounce_buffer_size: usize,
     bounce_buffers: usize,
+    pinned_memory: crate::config::PinnedMemory,
     /// The ring that GPU memory is staged through, made by the first such write and freed when
     /// the writer closes or aborts.
     device_ring: Option<DeviceRing>,
@@ -154,6 +155,7 @@ impl RemoteWriter {
             owner: crate::sys::process_id(),
             bounce_buffer_size: usize::try_from(settings.bounce_buffer_size).unwrap_or(usize::MAX),
             bounce_buffers: settings.bounce_buffers,
+            pinned_memory: settings.pinned_memory,
             device_ring: None,
         })
     }
@@ -300,7 +302,7 @@ impl RemoteWriter {
         let mut ring = match self.device_ring.take() {
             Some(ring) if ring.0.engine().context() == context && !ring.0.is_poisoned() => ring,
             _ => DeviceRing(BounceRing::new(
-                CudaEngine::new(context)?,
+                CudaEngine::new(context)?.pinning(self.pinned_memory),
                 self.bounce_buffer_size,
                 self.bounce_buffers,
                 PinnedBudget::global().clone(),
@@ -563,6 +565,7 @@ mod tests {
             owner: crate::sys::process_id(),
             bounce_buffer_size: 4096,
             bounce_buffers: 2,
+            pinned_memory: crate::config::PinnedMemory::Mapped,
             device_ring: None,
         }
     }

@@ -1,5 +1,5 @@
-//! NUMA syscalls: anonymous memory placed on one node (`mmap` + `mbind`, faulted in), the node
-//! a page lives on (`get_mempolicy`), and the calling thread's CPU affinity
+//! NUMA and memory syscalls: anonymous memory for pinning, placed on one node and in huge pages
+//! where asked (`mmap` + `mbind` + `madvise`, faulted in), the node a page lives on (`get_mempolicy`), and the calling thread's CPU affinity
 //! (`sched_getaffinity`/`sched_setaffinity`). Which node to use is decided elsewhere
 //! (`crate::topology`); nothing here reads sysfs or knows about GPUs.
 
@@ -17,36 +17,56 @@ const MPOL_F_ADDR: libc::c_ulong = 2;
 /// Nodes a mask can name: the kernel's largest `MAX_NUMNODES` (`CONFIG_NODES_SHIFT` = 10).
 const MASK_NODES: usize = 1024;
 
-/// Maps `len` bytes (at least 1, rounded up to whole pages) of anonymous memory whose pages are
-/// taken from NUMA node `node`, and touches every page so they are allocated there now. Free it
-/// with [`unmap`].
+/// Bytes of a transparent huge page (x86-64, and arm64 with 4 KiB pages).
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// Maps `len` bytes (at least 1, rounded up to whole pages) of private anonymous memory for
+/// pinning, and touches every page so it is allocated now. Returns the start and the length
+/// mapped; free it with [`unmap`].
+///
+/// - `node`: the pages are taken from this NUMA node where it has room (`MPOL_PREFERRED`).
+/// - `huge`: the mapping starts on a [`HUGE_PAGE`] boundary and is advised `MADV_HUGEPAGE`,
+///   so the kernel backs it with huge pages where it can: each is one page to fault in, pin and
+///   map for the device instead of 512. Where the kernel has none to give, the memory is
+///   ordinary pages and works the same.
 ///
 /// # Errors
-/// When the mapping fails, or the kernel refuses the policy (`EINVAL` for a node that is not
-/// online or not allowed to this process, `ENOSYS` on a kernel without NUMA); the error names
-/// the node. Nothing stays mapped after an error.
-pub fn map_on_node(len: usize, node: u32) -> io::Result<NonNull<u8>> {
-    let bad_node = |why: &str| {
+/// When the mapping fails, or the kernel refuses the node's policy (`EINVAL` for a node that
+/// is not online or not allowed to this process, `ENOSYS` on a kernel without NUMA); that error
+/// names the node. Nothing stays mapped after an error.
+pub fn map_anonymous(
+    len: usize,
+    node: Option<u32>,
+    huge: bool,
+) -> io::Result<(NonNull<u8>, usize)> {
+    let bad_node = |node: u32, why: &str| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("NUMA node {node}: {why}"),
         )
     };
-    let index = usize::try_from(node).map_err(|_| bad_node("no such node"))?;
-    if index >= MASK_NODES {
-        return Err(bad_node("no such node (above the kernel's limit)"));
-    }
+    let index = match node {
+        Some(n) => {
+            let i = usize::try_from(n).map_err(|_| bad_node(n, "no such node"))?;
+            if i >= MASK_NODES {
+                return Err(bad_node(n, "no such node (above the kernel's limit)"));
+            }
+            Some(i)
+        }
+        None => None,
+    };
     let page = super::page_size();
-    let len = len
-        .max(1)
-        .checked_next_multiple_of(page)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "mapping too large"))?;
+    let too_large = || io::Error::new(io::ErrorKind::InvalidInput, "mapping too large");
+    let len = len.max(1).checked_next_multiple_of(page).ok_or_else(too_large)?;
+    // Room to slide the start onto a huge-page boundary; the slack is unmapped below.
+    let slack = if huge { HUGE_PAGE } else { 0 };
+    let total = len.checked_add(slack).ok_or_else(too_large)?;
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
     // existing memory.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            len,
+            total,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
@@ -56,47 +76,70 @@ pub fn map_on_node(len: usize, node: u32) -> io::Result<NonNull<u8>> {
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    let bits = u64::BITS as usize;
-    let mut mask = [0u64; MASK_NODES / 64];
-    mask[index / bits] |= 1 << (index % bits);
-    // SAFETY: `p..p+len` is the mapping just made; `mask` holds MASK_NODES bits, and the kernel
-    // reads `maxnode - 1` of them (hence the + 1).
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mbind,
-            p,
-            len,
-            MPOL_PREFERRED,
-            mask.as_ptr(),
-            MASK_NODES + 1,
-            0u32,
-        )
-    };
-    if rc != 0 {
-        let err = io::Error::last_os_error();
-        // SAFETY: the mapping made above, not handed out.
-        unsafe { libc::munmap(p, len) };
-        return Err(io::Error::new(
-            err.kind(),
-            format!("NUMA node {node}: mbind refused ({err})"),
-        ));
+    let base = p as usize;
+    let start = if huge { base.next_multiple_of(HUGE_PAGE) } else { base };
+    let end = start + len;
+    // The pieces before `start` and after `end` are whole pages (a page-aligned mapping, a
+    // huge-page-aligned start, a page-rounded length) that nothing uses.
+    if start > base {
+        // SAFETY: `base..start` lies inside the mapping just made (see above).
+        unsafe { libc::munmap(p, start - base) };
+    }
+    if base + total > end {
+        // SAFETY: `end..base+total` lies inside the mapping just made (see above).
+        unsafe { libc::munmap(end as *mut libc::c_void, base + total - end) };
+    }
+    let p = start as *mut libc::c_void;
+    if huge {
+        // Advice only: a kernel without transparent huge pages refuses it, and the memory is
+        // then ordinary pages.
+        // SAFETY: `p..p+len` is the mapping kept above.
+        let _ = unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+    }
+    if let (Some(index), Some(node)) = (index, node) {
+        let bits = u64::BITS as usize;
+        let mut mask = [0u64; MASK_NODES / 64];
+        mask[index / bits] |= 1 << (index % bits);
+        // SAFETY: `p..p+len` is the mapping kept above; `mask` holds MASK_NODES bits, and the
+        // kernel reads `maxnode - 1` of them (hence the + 1).
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_mbind,
+                p,
+                len,
+                MPOL_PREFERRED,
+                mask.as_ptr(),
+                MASK_NODES + 1,
+                0u32,
+            )
+        };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            // SAFETY: the mapping kept above, not handed out.
+            unsafe { libc::munmap(p, len) };
+            return Err(io::Error::new(
+                err.kind(),
+                format!("NUMA node {node}: mbind refused ({err})"),
+            ));
+        }
     }
     let base = p.cast::<u8>();
     for off in (0..len).step_by(page) {
-        // SAFETY: `off < len`, inside the writable mapping; writing faults the page in under
-        // the policy just set (the policy applies to pages allocated after it, hence before).
+        // SAFETY: `off < len`, inside the writable mapping; writing faults the page in (a huge
+        // page at the first touch of each huge-page span, where the kernel gives one) under the
+        // policy just set (the policy applies to pages allocated after it, hence before).
         unsafe { base.add(off).write_volatile(0) };
     }
-    NonNull::new(base).ok_or_else(|| io::Error::other("mmap returned a null mapping"))
+    let ptr = NonNull::new(base).ok_or_else(|| io::Error::other("mmap returned a null mapping"))?;
+    Ok((ptr, len))
 }
 
-/// Unmaps memory from [`map_on_node`].
+/// Unmaps memory from [`map_anonymous`].
 ///
 /// # Safety
-/// `ptr` and `len` must be those of one [`map_on_node`] call (the same `len` asked), unmapped
-/// once, and nothing may use the memory afterwards.
+/// `ptr` and `len` must be those [`map_anonymous`] returned, unmapped once, and nothing may use
+/// the memory afterwards.
 pub unsafe fn unmap(ptr: NonNull<u8>, len: usize) -> io::Result<()> {
-    let len = len.max(1).next_multiple_of(super::page_size());
     // SAFETY: the caller's contract: a whole mapping of ours, unmapped once.
     super::cvt(unsafe { libc::munmap(ptr.as_ptr().cast(), len) }).map(|_| ())
 }
@@ -172,8 +215,8 @@ mod tests {
     #[test]
     fn memory_placed_on_node_0_lives_there_page_by_page() {
         let page = crate::sys::page_size();
-        let len = 5 * page + 17;
-        let p = map_on_node(len, 0).expect("map on node 0");
+        let (p, len) = map_anonymous(5 * page + 17, Some(0), false).expect("map on node 0");
+        assert_eq!(len, 6 * page);
         for off in (0..len).step_by(page) {
             let addr = p.as_ptr() as usize + off;
             assert_eq!(node_of_page(addr).expect("get_mempolicy"), 0, "page at {off}");
@@ -183,9 +226,24 @@ mod tests {
     }
 
     #[test]
+    fn huge_mappings_start_on_a_huge_page_and_keep_their_length() {
+        for len in [HUGE_PAGE, 2 * HUGE_PAGE + 5, 4096] {
+            let (p, mapped) = map_anonymous(len, None, true).expect("map");
+            assert_eq!(p.as_ptr() as usize % HUGE_PAGE, 0, "len {len}");
+            assert_eq!(mapped, len.next_multiple_of(crate::sys::page_size()));
+            // SAFETY: `p..p+mapped` is the writable mapping just made.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), mapped) };
+            assert!(bytes.iter().all(|&b| b == 0), "fresh memory reads as zeros");
+            bytes.fill(0xa5);
+            // SAFETY: mapped above with this length, unmapped once.
+            unsafe { unmap(p, mapped) }.expect("unmap");
+        }
+    }
+
+    #[test]
     fn a_node_that_is_not_online_is_a_clear_error() {
         for node in [999, 4096, u32::MAX] {
-            let err = map_on_node(4096, node).expect_err("no such node");
+            let err = map_anonymous(4096, Some(node), false).expect_err("no such node");
             assert!(err.to_string().contains(&format!("NUMA node {node}")), "{err}");
         }
     }

@@ -4,7 +4,7 @@
 
 use ferrio::bounce::{self, CudaEngine, PinnedBudget};
 use ferrio::cuda::{self, Context, DeviceBuffer, DevicePtr};
-use ferrio::Settings;
+use ferrio::{PinnedMemory, Settings};
 
 use super::{DeviceMem, Harness};
 use crate::require_cuda;
@@ -26,15 +26,19 @@ impl DeviceMem for DeviceBuffer {
     }
 }
 
+#[derive(Clone, Copy)]
 struct Gpu {
     ordinal: usize,
     context: Context,
+    pinned: PinnedMemory,
 }
 
 impl Harness for Gpu {
     type Engine = CudaEngine;
     fn engine(&self) -> CudaEngine {
-        CudaEngine::new(self.context).expect("engine")
+        CudaEngine::new(self.context)
+            .expect("engine")
+            .pinning(self.pinned)
     }
     fn alloc(&self, len: usize) -> Box<dyn DeviceMem + '_> {
         Box::new(DeviceBuffer::new(self.ordinal, len, false).expect("cuMemAlloc"))
@@ -47,6 +51,7 @@ fn gpus() -> Vec<Gpu> {
         .map(|ordinal| Gpu {
             ordinal,
             context: Context::primary(ordinal).expect("primary context"),
+            pinned: PinnedMemory::Mapped,
         })
         .collect()
 }
@@ -61,8 +66,14 @@ fn real_driver_conformance() {
         info.version, info.device_count
     );
     for gpu in gpus() {
-        super::conformance(&gpu);
-        println!("device {}: bounce ring conformance passed", gpu.ordinal);
+        for pinned in [PinnedMemory::Mapped, PinnedMemory::Driver] {
+            let gpu = Gpu { pinned, ..gpu };
+            super::conformance(&gpu);
+            println!(
+                "device {}: bounce ring conformance passed, pinned memory {pinned}",
+                gpu.ordinal
+            );
+        }
     }
 }
 

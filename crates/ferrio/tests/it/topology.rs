@@ -29,13 +29,19 @@ fn device_info_names_a_pci_device_in_sysfs() {
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
 }
 
-/// The multi-node path forced on node 0 (which every machine has): memory mapped there, every
-/// page on node 0, registered with the driver, carries copies to the device and back byte for
-/// byte, and is freed by the engine's ordinary `free_pinned`.
+/// The multi-node path forced on node 0 (which every machine has), in ordinary and in huge pages:
+/// memory mapped there, every page on node 0, registered with the driver, carries copies to the
+/// device and back byte for byte, and is freed by the engine's ordinary `free_pinned`.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn pinned_memory_placed_on_a_node_carries_copies() {
     crate::require_cuda!();
+    for huge in [false, true] {
+        placed_memory_carries_copies(huge);
+    }
+}
+
+fn placed_memory_carries_copies(huge: bool) {
     let engine = CudaEngine::new(Context::primary(0).expect("context")).expect("engine");
     let page = ferrio::sys::page_size();
     let len = (8 << 20) + 3 * page + 123;
@@ -44,10 +50,10 @@ fn pinned_memory_placed_on_a_node_carries_copies() {
     let _bound = engine.bind().expect("bind");
     let stream = engine.create_stream().expect("stream");
     let up = engine
-        .alloc_pinned_on_node(len, 0)
+        .alloc_pinned_on_node(len, 0, huge)
         .expect("placed pinned memory");
     let down = engine
-        .alloc_pinned_on_node(len, 0)
+        .alloc_pinned_on_node(len, 0, huge)
         .expect("placed pinned memory");
     for off in (0..len).step_by(page) {
         let node = ferrio::sys::numa::node_of_page(up.as_ptr() as usize + off).expect("node");
