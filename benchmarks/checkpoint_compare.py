@@ -7,9 +7,7 @@ process: warm (the files read once before, so they are in the page cache) and co
 dropped through /proc/sys/vm/drop_caches, needs root; skipped otherwise). The child creates its
 CUDA context first (torch.cuda.init() and a tiny allocation), then times from just before the
 load call to after torch.cuda.synchronize(), and reports torch.cuda.max_memory_allocated().
-A loader whose import fails is reported as missing. Besides the peers: `ferrio@NAME=VALUE+...`
-runs ferrio with `FERRIO_*` settings, and `ferrio-noprepare` without the rings set up while the
-buffer is allocated (`File.prepare_gpu`), to measure what that overlap gives.
+A loader whose import fails is reported as missing.
 
     python3 benchmarks/checkpoint_compare.py --dir /data/ckpt --rounds 3 [--json]
 """
@@ -41,11 +39,8 @@ try:
             for f in files:
                 out.update(load_file(f, device=device))
             return out
-    elif loader in ("ferrio", "ferrio-noprepare"):
+    elif loader == "ferrio":
         from ferrio.safetensors.torch import load_file
-        if loader == "ferrio-noprepare":  # the workers' rings set up by the read itself
-            import ferrio.safetensors
-            ferrio.safetensors._PREPARE_BYTES = 1 << 62
         def load():
             return load_file(files if len(files) > 1 else files[0], device=device)
     elif loader == "fastsafetensors":
