@@ -94,14 +94,6 @@ class File:
     @property
     def closed(self) -> bool:
         """Whether the file is closed."""
-    def prepare_gpu(self, device: int) -> None:
-        """Get the file's workers ready for transfers to or from GPU `device`, in the background.
-
-        Each worker sets up its pinned bounce ring for the GPU; the call returns at once. Calling
-        it before allocating the destination of a large first read overlaps the two. Set-up
-        errors are left to the transfer that follows. Raises `CudaUnavailableError` without a
-        CUDA driver and `ValueError` for an ordinal that names no GPU.
-        """
     def fileno(self) -> int:
         """Return the file descriptor."""
     @property

@@ -224,11 +224,6 @@ def test_gpu_arrays_without_a_driver_say_why(small_file: Path) -> None:
         pytest.raises(ferrio.CudaUnavailableError, match="CUDA is not available"),
     ):
         f.read(FakeCudaArray())
-    with (
-        ferrio.open(small_file) as f,
-        pytest.raises(ferrio.CudaUnavailableError, match="CUDA is not available"),
-    ):
-        f.prepare_gpu(0)
 
 
 def test_bad_cuda_array_interfaces_are_value_errors(small_file: Path) -> None:

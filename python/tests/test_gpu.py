@@ -48,19 +48,6 @@ def test_random_offsets_into_cupy(data_file: tuple[str, np.ndarray], direct: str
             assert (got[:32] == POISON).all() and (got[32 + n :] == POISON).all()
 
 
-def test_prepare_gpu_then_read(data_file: tuple[str, np.ndarray]) -> None:
-    path, data = data_file
-    with ferrio.open(path) as f:
-        for gpu in range(cp.cuda.runtime.getDeviceCount()):
-            assert f.prepare_gpu(gpu) is None
-            with cp.cuda.Device(gpu):
-                dst = cp.full(len(data), POISON, dtype=cp.uint8)
-            assert f.read(dst) == len(data)
-            assert (cp.asnumpy(dst) == data).all()
-        with pytest.raises(ValueError):
-            f.prepare_gpu(cp.cuda.runtime.getDeviceCount())
-
-
 @pytest.mark.parametrize("dtype", ["uint8", "float32", "int64", "complex128"])
 def test_dtypes_shapes_and_write_back(tmp_path: Any, dtype: str) -> None:
     src = cp.arange(3 * 5 * 4096, dtype=dtype).reshape(3, 5, 4096)

@@ -657,42 +657,6 @@ def test_torch_cuda_loads_and_saves(tmp_path, device):
     assert ours.read_bytes() == p.read_bytes()
 
 
-@pytest.mark.parametrize("framework", ["pt", "cupy"])
-def test_large_gpu_loads_prepare_the_rings_first(tmp_path, monkeypatch, framework):
-    """A load into GPU memory of at least `_PREPARE_BYTES` asks the file's workers to set up
-    their rings first (on the GPU the buffer goes to), and still lands every byte."""
-    import ferrio.safetensors as fsm
-
-    if framework == "pt":
-        torch = pytest.importorskip("torch")
-        if not torch.cuda.is_available():
-            pytest.skip("no CUDA device")
-    else:
-        cupy = pytest.importorskip("cupy")
-        try:
-            cupy.cuda.runtime.getDeviceCount()
-        except Exception:
-            pytest.skip("no CUDA device")
-    rng = np.random.default_rng(3)
-    d = {f"w{i}": rng.integers(0, 255, size=(5 << 20) + i, dtype=np.uint8) for i in range(14)}
-    p = tmp_path / "big.safetensors"
-    sn.save_file(d, p)
-    asked = []
-    real = fsm._Load._prepare_gpu
-    monkeypatch.setattr(
-        fsm._Load, "_prepare_gpu", lambda self: (asked.append(self.fw.gpu()), real(self))[1]
-    )
-    got = fsm.load_file(p, device="cuda:0", framework=framework)
-    assert asked == [0]
-    back = {k: (v.cpu().numpy() if framework == "pt" else cupy.asnumpy(v)) for k, v in got.items()}
-    assert_same(back, d)
-    asked.clear()
-    small = tmp_path / "small.safetensors"
-    sn.save_file({"w": d["w0"][:4096]}, small)
-    fsm.load_file(small, device="cuda:0", framework=framework)
-    assert asked == []
-
-
 def test_cupy_loads(tmp_path):
     cupy = pytest.importorskip("cupy")
     try:

@@ -286,15 +286,6 @@ impl File {
         Ok(IOFuture::new(pending, what))
     }
 
-    /// Gets the file's workers ready for transfers to or from GPU `device` in the background
-    /// (each sets up its pinned bounce ring for it), and returns at once. Call it before
-    /// allocating the destination of a large first read, so the two overlap; set-up errors are
-    /// left to the transfer that follows.
-    fn prepare_gpu(&self, py: Python<'_>, device: usize) -> PyResult<()> {
-        let file = self.handle()?;
-        without_gil(py, || file.prepare_gpu(device))?.map_err(to_pyerr)
-    }
-
     /// Flushes written data to the device (`fdatasync`).
     fn sync(&self, py: Python<'_>) -> PyResult<()> {
         let file = self.handle()?;

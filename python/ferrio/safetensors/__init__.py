@@ -299,11 +299,6 @@ def _layout(tensors: list[_Tensor]) -> tuple[list[_Run], dict[str, int], int]:
     return runs, at, size
 
 
-# Loads at least this large into GPU memory get the workers' rings ready while the buffer is
-# allocated (`_Load._prepare_gpu`); a smaller one needs few rings, so it leaves them be.
-_PREPARE_BYTES = 64 << 20
-
-
 class _Load:
     """One buffer for a set of tensors, and the reads that fill it (all files at once).
 
@@ -318,24 +313,7 @@ class _Load:
         self.files = ckpt.handles
         self.runs, self.at, size = _layout(tensors)
         padded, self.piece = _dist.shares(size, world)
-        if size >= _PREPARE_BYTES:
-            self._prepare_gpu()
         self.buf = fw.empty(padded)
-
-    def _prepare_gpu(self) -> None:
-        """Let the workers set up their rings for the GPU while the buffer is allocated.
-
-        A fresh process otherwise does both one after the other. One local file is enough:
-        a checkpoint's shards share a drive, so its workers.
-        """
-        gpu = self.fw.gpu()
-        if gpu is None:
-            return
-        for path, _, _, _ in self.runs:
-            f = self.files[path]
-            if isinstance(f, ferrio.File):
-                f.prepare_gpu(gpu)
-                return
 
     def start(self, runs: Sequence[tuple[str, int, int, int]]) -> list[ferrio.IOFuture]:
         futures = []

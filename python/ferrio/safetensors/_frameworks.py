@@ -117,10 +117,6 @@ class Framework:
     def __init__(self, device: Any) -> None:
         self.kind, self.index = parse_device(device)
 
-    def gpu(self) -> int | None:
-        """Return the ordinal of the GPU that `empty` allocates on; None for host memory."""
-        return None
-
     def empty(self, nbytes: int) -> Any:
         """Return a new uint8 buffer of `nbytes` on the device."""
         raise NotImplementedError
@@ -158,11 +154,6 @@ class Torch(Framework):
             self.device = torch.device("cuda")
         else:
             self.device = torch.device("cuda", self.index)
-
-    def gpu(self) -> int | None:
-        if self.kind == "cpu":
-            return None
-        return self.index if self.index is not None else int(self.torch.cuda.current_device())
 
     def dtype(self, name: str) -> Any:
         attr = _TORCH_NAMES.get(name)
@@ -239,9 +230,6 @@ class Cupy(Numpy):
         import cupy  # type: ignore[import-not-found, unused-ignore]
 
         self.np = cupy
-
-    def gpu(self) -> int | None:
-        return self.index if self.index is not None else int(self.np.cuda.Device().id)
 
     def empty(self, nbytes: int) -> Any:
         if self.index is None:

@@ -58,8 +58,7 @@ pub use ring::BounceRing;
 #[cfg(any(test, feature = "testing"))]
 pub use ring::RingStats;
 pub use thread_rings::{
-    finish_thread_ring, prepare_thread_ring, release_thread_rings, start_read_to_device,
-    write_from_device,
+    finish_thread_ring, release_thread_rings, start_read_to_device, write_from_device,
 };
 #[cfg(any(test, feature = "testing"))]
 pub use thread_rings::{read_to_device, thread_ring_stats, RingSet};

@@ -154,16 +154,6 @@ pub fn read_to_device(
     })
 }
 
-/// Makes the calling thread's ring for `context` with `settings` now, if it has none (or one of
-/// other sizes), so that its first transfer does not wait for the set-up.
-///
-/// # Errors
-/// As for [`read_to_device`]'s set-up: [`Error::CudaUnavailable`] without a driver, the
-/// driver's errors for the stream, events and pinned memory.
-pub fn prepare_thread_ring(context: Context, settings: &Settings) -> Result<()> {
-    with_thread_ring(context, settings, |_| Ok(()))
-}
-
 /// As [`read_to_device`], but returns with the last copies possibly still running on the
 /// calling thread's ring: the bytes are in device memory only after [`finish_thread_ring`] for
 /// `context` on this thread (see [`BounceRing::start_read_to_device`]).

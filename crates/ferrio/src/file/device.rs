@@ -15,41 +15,6 @@ use crate::plan::{self, Task};
 use crate::pool::{Completion, Direction, Request, Worker};
 
 impl File {
-    /// Gets this file's workers ready for transfers to or from GPU `device`, in the background:
-    /// each worker that takes part sets up its bounce ring for the GPU (a stream, events, pinned
-    /// buffers) now, and its thread starts if it had not. Returns once that work is queued.
-    ///
-    /// A fresh process's first transfer otherwise pays that set-up on its critical path (about
-    /// 13 ms for 16 workers on an H200); calling this first, then allocating the destination,
-    /// overlaps the two. Set-up failures are not reported here: the transfer meets them again
-    /// and reports them. Without it, the first transfer sets the rings up itself.
-    ///
-    /// # Errors
-    /// [`Error::CudaUnavailable`] without a driver, [`Error::InvalidArgument`] for an ordinal
-    /// that names no GPU; the driver's error if it refuses the device's primary context.
-    pub fn prepare_gpu(&self, device: usize) -> Result<()> {
-        cuda::available()?;
-        let context = cuda::Context::primary(device)?;
-        let workers = self.pool().width();
-        let tasks = (0..workers)
-            .map(|_| Task::at_buffer_start(0, 0))
-            .collect::<Vec<_>>();
-        let settings = self.inner.settings.clone();
-        let run = Box::new(move |_: &mut Worker, _: &Task| {
-            crate::topology::follow_gpu(context);
-            // A failure here is met again, and reported, by the transfer that follows.
-            let _ = bounce::prepare_thread_ring(context, &settings);
-            Ok(0)
-        });
-        let request = Request {
-            inline_ok: false,
-            max_active: usize::MAX,
-            ..self.request(tasks, 0, 0, Direction::Read, run)
-        };
-        drop(self.queue(request));
-        Ok(())
-    }
-
     /// Plans and queues a transfer between the file and device memory.
     ///
     /// # Safety

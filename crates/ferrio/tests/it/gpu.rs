@@ -102,41 +102,4 @@ fn without_a_driver_device_calls_say_why() {
         .unwrap_err();
     assert!(matches!(e, ferrio::Error::CudaUnavailable { .. }), "{e}");
     assert!(e.to_string().contains("CUDA is not available"), "{e}");
-    let e = f.prepare_gpu(0).unwrap_err();
-    assert!(matches!(e, ferrio::Error::CudaUnavailable { .. }), "{e}");
-}
-
-/// `prepare_gpu` queues one set-up task per worker of the file's pool and returns; a read after
-/// it lands every byte; an ordinal that names no GPU is refused. (That the set-up takes the
-/// ring's cost off the first transfer is measured by `benchmarks/first_call.py`, not here.)
-#[test]
-#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
-fn prepare_gpu_sets_rings_up_before_the_first_transfer() {
-    crate::require_cuda!();
-    let dir = disk_dir();
-    let len = (24 << 20) + 77;
-    let content = data(len, 5);
-    let path = make_file(dir.path(), "f", &content);
-    let f = File::open(&path, "r").unwrap();
-    let tasks_before = f.pool().stats().tasks;
-    f.prepare_gpu(0).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while f.pool().stats().tasks < tasks_before + f.pool().stats().max_threads as u64 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the set-up tasks did not run within 20 s of prepare_gpu"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    let dev = DeviceBuffer::new(0, len, false).unwrap();
-    dev.copy_from_host(0, &vec![POISON; len]).unwrap();
-    // SAFETY: `dev` outlives the waited-on future and nothing else touches it.
-    let n = unsafe { f.pread_device(dev.ptr(), len, 0) }.wait().unwrap();
-    assert_eq!(n, len);
-    let mut host = vec![0u8; len];
-    dev.copy_to_host(0, &mut host).unwrap();
-    assert!(host == content, "wrong bytes after prepare_gpu");
-    let count = cuda::driver_info().unwrap().device_count;
-    let e = f.prepare_gpu(count).unwrap_err();
-    assert!(matches!(e, ferrio::Error::InvalidArgument(_)), "{e}");
 }
