@@ -110,9 +110,10 @@ impl FromStr for CacheMode {
 /// How the pinned bounce buffers for GPU transfers are made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PinnedMemory {
-    /// ferrio maps the memory itself (huge pages where the kernel has them, on the GPU's NUMA
-    /// node where the machine has several) and registers it with the driver
-    /// (`cuMemHostRegister`); where the driver refuses to register, as `Driver`.
+    /// ferrio maps the memory itself, where that pins faster or places it better, and registers
+    /// it with the driver (`cuMemHostRegister`): buffers of at least 2 MiB in transparent huge
+    /// pages, and on a machine of several NUMA nodes every buffer, on the GPU's node. Other
+    /// buffers, and all of them once the driver refuses to register, as `Driver`.
     Mapped,
     /// The driver allocates it (`cuMemHostAlloc`), wherever it likes.
     Driver,
@@ -434,7 +435,8 @@ pub const SETTINGS: &[SettingInfo] = &[
         unit: "mapped/driver",
         default: "mapped",
         doc: "how bounce buffers are pinned: mapped = ferrio maps them (huge pages, the GPU's \
-              NUMA node) and registers them with the driver, driver = cuMemHostAlloc",
+              NUMA node) and registers them with the driver where that pays, driver = \
+              cuMemHostAlloc",
         get: |s| s.pinned_memory.to_string(),
         set: |s, v| {
             s.pinned_memory = v.parse().map_err(|_| PinnedMemory::FORMS)?;

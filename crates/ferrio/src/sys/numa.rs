@@ -90,6 +90,12 @@ pub fn map_anonymous(
         unsafe { libc::munmap(end as *mut libc::c_void, base + total - end) };
     }
     let p = start as *mut libc::c_void;
+    // A forked child does not inherit the mapping. The memory is to be pinned for DMA: were it
+    // shared copy-on-write with a child, the parent's next write could move to a fresh page
+    // while the device still reads the old one (kernels before 5.9). A child never uses the
+    // parent's rings anyway. Advice only: it never fails on a private anonymous mapping.
+    // SAFETY: `p..p+len` is the mapping kept above.
+    let _ = unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
     if huge {
         // Advice only: a kernel without transparent huge pages refuses it, and the memory is
         // then ordinary pages.
@@ -132,6 +138,23 @@ pub fn map_anonymous(
     }
     let ptr = NonNull::new(base).ok_or_else(|| io::Error::other("mmap returned a null mapping"))?;
     Ok((ptr, len))
+}
+
+/// Whether the kernel gives transparent huge pages to a mapping advised `MADV_HUGEPAGE`: its
+/// mode (`/sys/kernel/mm/transparent_hugepage/enabled`) is `always` or `madvise`. Read once.
+pub fn transparent_huge_pages() -> bool {
+    static MODE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .is_ok_and(|mode| huge_pages_in_mode(&mode))
+    })
+}
+
+/// Whether a `transparent_hugepage/enabled` line (`always [madvise] never`: the mode in use is
+/// bracketed) gives huge pages to advised mappings.
+fn huge_pages_in_mode(line: &str) -> bool {
+    line.split_whitespace()
+        .any(|m| m == "[always]" || m == "[madvise]")
 }
 
 /// Unmaps memory from [`map_anonymous`].
@@ -238,6 +261,14 @@ mod tests {
             // SAFETY: mapped above with this length, unmapped once.
             unsafe { unmap(p, mapped) }.expect("unmap");
         }
+    }
+
+    #[test]
+    fn the_huge_page_mode_is_the_bracketed_one() {
+        assert!(huge_pages_in_mode("[always] madvise never\n"));
+        assert!(huge_pages_in_mode("always [madvise] never\n"));
+        assert!(!huge_pages_in_mode("always madvise [never]\n"));
+        assert!(!huge_pages_in_mode(""));
     }
 
     #[test]
