@@ -19,133 +19,93 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-/// When to bypass the page cache with `O_DIRECT`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DirectMode {
-    /// Always through the page cache.
-    Off,
-    /// `O_DIRECT` for every aligned byte (falls back to buffered where the file system refuses it).
-    On,
-    /// Per task: buffered when the range is mostly in the page cache, `O_DIRECT` when it is cold.
-    Auto,
-}
-
-impl DirectMode {
-    /// The accepted spellings, for error messages.
-    pub const FORMS: &'static str = "off|on|auto (also false/true, 0/1, no/yes)";
-
-    /// The canonical name of this mode.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DirectMode::Off => "off",
-            DirectMode::On => "on",
-            DirectMode::Auto => "auto",
+/// A setting whose value is one of a few names: the enum, with `FORMS` (the accepted spellings,
+/// for error messages), `as_str` (the canonical name: each variant's first spelling),
+/// `Display`, and `FromStr` (any spelling, trimmed, in any case).
+macro_rules! named_values {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident, forms $forms:literal {
+            $( $(#[$vmeta:meta])* $variant:ident = $canon:literal $(| $alias:literal)*, )+
         }
-    }
-}
-
-impl fmt::Display for DirectMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for DirectMode {
-    type Err = ();
-    fn from_str(s: &str) -> std::result::Result<Self, ()> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "off" | "false" | "0" | "no" => Ok(DirectMode::Off),
-            "on" | "true" | "1" | "yes" => Ok(DirectMode::On),
-            "auto" => Ok(DirectMode::Auto),
-            _ => Err(()),
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant, )+
         }
-    }
-}
 
-/// What the page cache should hold after ferrio read or wrote a file (see [`crate::policy`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CacheMode {
-    /// The data ends up in the page cache (cold ranges are read and written through it).
-    Keep,
-    /// Data that was not cached before is not cached after (cold ranges bypass the page cache).
-    Bypass,
-    /// Reads: `keep` for a file that fits comfortably in available memory, `bypass` for one
-    /// that does not, so that a stream larger than memory does not evict everything else.
-    /// Writes: `bypass` (buffered writes are slower; see [`crate::policy`]).
-    Auto,
-}
+        impl $name {
+            /// The accepted spellings, for error messages.
+            pub const FORMS: &'static str = $forms;
 
-impl CacheMode {
-    /// The accepted spellings, for error messages.
-    pub const FORMS: &'static str = "auto|keep|bypass";
-
-    /// The canonical name of this mode.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CacheMode::Keep => "keep",
-            CacheMode::Bypass => "bypass",
-            CacheMode::Auto => "auto",
+            /// The canonical name of this value.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $( $name::$variant => $canon, )+
+                }
+            }
         }
-    }
-}
 
-impl fmt::Display for CacheMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for CacheMode {
-    type Err = ();
-    fn from_str(s: &str) -> std::result::Result<Self, ()> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "keep" => Ok(CacheMode::Keep),
-            "bypass" => Ok(CacheMode::Bypass),
-            "auto" => Ok(CacheMode::Auto),
-            _ => Err(()),
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
         }
-    }
-}
 
-/// How the pinned bounce buffers for GPU transfers are made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PinnedMemory {
-    /// ferrio maps the memory itself, where that pins faster or places it better, and registers
-    /// it with the driver (`cuMemHostRegister`): buffers of at least 2 MiB in transparent huge
-    /// pages, and on a machine of several NUMA nodes every buffer, on the GPU's node. Other
-    /// buffers, and all of them once the driver refuses to register, as `Driver`.
-    Mapped,
-    /// The driver allocates it (`cuMemHostAlloc`), wherever it likes.
-    Driver,
-}
-
-impl PinnedMemory {
-    /// The accepted spellings, for error messages.
-    pub const FORMS: &'static str = "mapped|driver";
-
-    /// The canonical name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PinnedMemory::Mapped => "mapped",
-            PinnedMemory::Driver => "driver",
+        impl FromStr for $name {
+            type Err = ();
+            fn from_str(s: &str) -> std::result::Result<Self, ()> {
+                match s.trim().to_ascii_lowercase().as_str() {
+                    $( $canon $(| $alias)* => Ok($name::$variant), )+
+                    _ => Err(()),
+                }
+            }
         }
+    };
+}
+
+named_values! {
+    /// When to bypass the page cache with `O_DIRECT`.
+    pub enum DirectMode, forms "off|on|auto (also false/true, 0/1, no/yes)" {
+        /// Always through the page cache.
+        Off = "off" | "false" | "0" | "no",
+        /// `O_DIRECT` for every aligned byte (falls back to buffered where the file system
+        /// refuses it).
+        On = "on" | "true" | "1" | "yes",
+        /// Per task: buffered when the range is mostly in the page cache, `O_DIRECT` when it is
+        /// cold.
+        Auto = "auto",
     }
 }
 
-impl fmt::Display for PinnedMemory {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+named_values! {
+    /// What the page cache should hold after ferrio read or wrote a file (see
+    /// [`crate::policy`]).
+    pub enum CacheMode, forms "auto|keep|bypass" {
+        /// The data ends up in the page cache (cold ranges are read and written through it).
+        Keep = "keep",
+        /// Data that was not cached before is not cached after (cold ranges bypass the page
+        /// cache).
+        Bypass = "bypass",
+        /// Reads: `keep` for a file that fits comfortably in available memory, `bypass` for one
+        /// that does not, so that a stream larger than memory does not evict everything else.
+        /// Writes: `bypass` (buffered writes are slower; see [`crate::policy`]).
+        Auto = "auto",
     }
 }
 
-impl FromStr for PinnedMemory {
-    type Err = ();
-    fn from_str(s: &str) -> std::result::Result<Self, ()> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "mapped" => Ok(PinnedMemory::Mapped),
-            "driver" => Ok(PinnedMemory::Driver),
-            _ => Err(()),
-        }
+named_values! {
+    /// How the pinned bounce buffers for GPU transfers are made.
+    pub enum PinnedMemory, forms "mapped|driver" {
+        /// ferrio maps the memory itself, where that pins faster or places it better, and
+        /// registers it with the driver (`cuMemHostRegister`): buffers of at least 2 MiB in
+        /// transparent huge pages, and on a machine of several NUMA nodes every buffer, on the
+        /// GPU's node. Other buffers, and all of them once the driver refuses to register, as
+        /// `Driver`.
+        Mapped = "mapped",
+        /// The driver allocates it (`cuMemHostAlloc`), wherever it likes.
+        Driver = "driver",
     }
 }
 
