@@ -1,14 +1,19 @@
 """Shared fixtures and helpers: files of known content, and what the remote-storage tests share
-(bounded waits, free ports, moto's S3 server)."""
+(bounded waits, free ports, servers in child processes, moto's S3 server, uploads, trees of
+files, the CLI)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +122,94 @@ def moto_endpoint() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def child_server(what: str, argv: list[str], port: int, log: Path) -> Iterator[None]:
+    """Runs the test server `argv` in a child process, its output in `log`, until the block ends.
+
+    Returns once it accepts connections on 127.0.0.1:`port`; fails the test, with the end of the
+    log, if it exits or is not listening within 30 s.
+    """
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), 1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"{what} did not start: {log.read_text(errors='replace')[-2000:]}")
+                time.sleep(0.1)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+PART = 5 << 20  # the smallest part S3 and GCS take; the writer's part size in the upload tests
+
+
+def read_all(f: Any) -> bytes:
+    """The whole of the opened remote file `f`, read at once."""
+    buf = bytearray(f.size)
+    assert f.read(buf) == f.size
+    return bytes(buf)
+
+
+def write_all(url: str, buf: Any) -> None:
+    """Uploads `buf` to `url` in one write, in parts of PART bytes."""
+    with ferrio.open_url(url, "w", range_size="5MiB") as w:
+        w.write(buf)
+
+
+def write_in_steps(url: str, data: bytes, while_open: Callable[[], None]) -> None:
+    """Uploads `data` to `url` in parts of PART bytes (3 in flight) through writes that straddle
+    them, checking what each write and `tell` say, and calls `while_open` before the writer
+    closes (to check that nothing is visible yet). Fails if it does not end within BOUND_S."""
+
+    def upload() -> None:
+        with ferrio.open_url(url, "w", range_size="5MiB", concurrency=3) as w:
+            assert isinstance(w, ferrio.RemoteWriter)
+            step = (1 << 20) + 7
+            for i in range(0, len(data), step):
+                assert w.write(memoryview(data)[i : i + step]) == min(step, len(data) - i)
+            assert w.tell() == len(data)
+            while_open()
+
+    in_thread(upload)
+
+
+def make_tree(root: Path) -> dict[str, bytes]:
+    """Makes a tree of files under `root` (nested directories, an empty file, a name with
+    `#?%` and spaces, an empty directory) and returns each file's path relative to it and
+    bytes; the first file takes two parts."""
+    files = {
+        "a.bin": remote_data(PART + 5, seed=20),
+        "sub/b.bin": remote_data(1000, seed=21),
+        "sub/deeper/c.bin": b"",
+        "sub/deeper/name with #?%.bin": remote_data(77, seed=22),
+    }
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    (root / "empty-dir" / "nested-empty").mkdir(parents=True)
+    return files
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    """Every file under `root`: its path relative to `root`, and its bytes."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def cli(*args: str) -> list[str]:
+    """The command line that runs `ferrio ARGS` with this Python."""
+    return [sys.executable, "-m", "ferrio._cli", *args]
