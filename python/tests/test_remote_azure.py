@@ -40,6 +40,7 @@ from conftest import (
     BOUND_S,
     PART,
     AzureService,
+    azure_service_at,
     cli,
     files_under,
     in_thread,
@@ -174,6 +175,22 @@ def test_azure_requests_signed_with_another_key_are_refused(
     with pytest.raises(PermissionError):
         in_thread(lambda: ferrio.copy(src, f"az://{CONTAINER}/signed-up.bin"))
     assert az.get("signed-up.bin") is None
+
+
+def test_azure_a_changed_endpoint_gets_a_store_of_its_own(
+    az: AzureService, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """ferrio keeps the stores it built, by what they were built from: a process that points
+    AZURITE_BLOB_STORAGE_URL elsewhere reaches the other service, not the first one."""
+    url = f"az://{CONTAINER}/where.bin"
+    az.put("where.bin", b"first")
+    with ferrio.open(url) as f:
+        assert read_all(f) == b"first"
+    with azure_service_at(tmp_path, azurite=None) as other:
+        other.put("where.bin", b"other")
+        monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", other.url)
+        with ferrio.open(url) as f:
+            assert read_all(f) == b"other"
 
 
 def test_emulator_answers_as_azure_documents(az: AzureService) -> None:
