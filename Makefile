@@ -28,12 +28,12 @@ deps-python:
 	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff, hypothesis, safetensors, moto.server, gcp_storage_emulator" 2>/dev/null || \
 	  $(PYTHON) -m pip install -q $(PY_TOOLS)
 
-# Azurite (the Azure Blob emulator of python/tests/test_remote_azure.py) comes from npm into
-# .tools/; where npm's registry cannot be reached the Azure tests skip and say so.
+# Azurite (the Azure Blob emulator of the az:// tests) comes from npm into .tools/; where npm's
+# registry cannot be reached the tests use their own emulator, python/tests/azure_blob_server.py.
 deps-node:
 	@[ -x .tools/node_modules/.bin/azurite-blob ] || ! command -v npm >/dev/null || \
 	  timeout 300 npm install -s --no-audit --no-fund --fetch-retries=1 --fetch-timeout=30000 --prefix .tools azurite >/dev/null 2>&1 || \
-	  echo "note: npm could not install azurite into .tools; the az:// tests will skip"
+	  echo "note: npm could not install azurite into .tools; the az:// tests use their own emulator"
 
 # The Python package, with the `ferrio` command (a release build of the whole engine).
 install: deps-python

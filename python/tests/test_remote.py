@@ -23,17 +23,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import BOUND_S, in_thread, remote_data
+from conftest import BOUND_S, in_thread, read_all, remote_data
 
 import ferrio
-
-
-def _read_all(f: Any) -> bytes:
-    buf = bytearray(f.size)
-    n = f.read(buf)
-    assert n == f.size
-    return bytes(buf)
-
 
 # ---------------------------------------------------------------------------------------------
 # A misbehaving HTTP server
@@ -175,7 +167,7 @@ def test_http_ranges_are_byte_identical(http_object: tuple[str, _Object]) -> Non
     with ferrio.open(url, task_size="1MiB") as f:
         assert isinstance(f, ferrio.RemoteFile)
         assert f.size == len(obj.body)
-        assert in_thread(lambda: _read_all(f)) == obj.body
+        assert in_thread(lambda: read_all(f)) == obj.body
         for offset, size in [(0, 1), (12345, 3 << 20), (len(obj.body) - 7, 7)]:
             buf = bytearray(size)
             assert f.read(buf, offset=offset) == size
@@ -197,14 +189,14 @@ def test_http_server_ignoring_range_is_a_clear_error(http_object: tuple[str, _Ob
     obj.ignore_range = True
     f = ferrio.open_url(url, range_size="1MiB")
     with pytest.raises(OSError, match=r"object\.bin"):
-        in_thread(lambda: _read_all(f))
+        in_thread(lambda: read_all(f))
 
 
 def test_http_503_twice_then_success_is_retried(http_object: tuple[str, _Object]) -> None:
     url, obj = http_object
     f = ferrio.open_url(url, range_size="8MiB")
     obj.fail_503 = 2
-    assert in_thread(lambda: _read_all(f)) == obj.body
+    assert in_thread(lambda: read_all(f)) == obj.body
     assert obj.fail_503 == 0
 
 
@@ -215,7 +207,7 @@ def test_http_dropped_connection_mid_body(http_object: tuple[str, _Object]) -> N
     # The broken body is asked again from where it stopped: right bytes, or a clear error.
     outcome: list[Any] = []
     try:
-        outcome.append(in_thread(lambda: _read_all(f)))
+        outcome.append(in_thread(lambda: read_all(f)))
     except OSError as e:
         outcome.append(e)
     if isinstance(outcome[0], OSError):
@@ -235,7 +227,7 @@ def test_a_server_whose_head_does_not_give_the_size_is_asked_with_a_get(
     obj.head = head
     with ferrio.open(url) as f:
         assert f.size == len(obj.body)
-        assert in_thread(lambda: _read_all(f)) == obj.body
+        assert in_thread(lambda: read_all(f)) == obj.body
 
 
 def test_http_stalled_body_times_out_and_is_asked_again(http_object: tuple[str, _Object]) -> None:
@@ -245,7 +237,7 @@ def test_http_stalled_body_times_out_and_is_asked_again(http_object: tuple[str, 
     with ferrio.config.set(remote_timeout="1s"):
         f = ferrio.open_url(url, range_size="8MiB")
         t0 = time.monotonic()
-        assert in_thread(lambda: _read_all(f)) == obj.body
+        assert in_thread(lambda: read_all(f)) == obj.body
     assert time.monotonic() - t0 < 6.0, "waited for the stalled body instead of retrying"
     assert obj.stalls == 0
 
@@ -260,7 +252,7 @@ def test_http_server_stalling_for_good_is_a_clear_error(http_object: tuple[str, 
         f = ferrio.open_url(url, range_size="8MiB")
         t0 = time.monotonic()
         with pytest.raises(TimeoutError, match=r"object\.bin"):
-            in_thread(lambda: _read_all(f))
+            in_thread(lambda: read_all(f))
     # object_store resumes a body once (retries 1), ferrio asks once more: four 1 s timeouts.
     assert time.monotonic() - t0 < 6.0
     assert obj.gets <= 5, f"{obj.gets} GETs for a retry budget of 1"
@@ -274,7 +266,7 @@ def test_http_range_answered_with_another_range_is_an_error(
     obj.shift_range = 1
     f = ferrio.open_url(url, range_size="1MiB")
     with pytest.raises(OSError, match=r"object\.bin"):
-        in_thread(lambda: _read_all(f))
+        in_thread(lambda: read_all(f))
 
 
 def test_http_object_replaced_between_requests(http_object: tuple[str, _Object]) -> None:
@@ -282,7 +274,7 @@ def test_http_object_replaced_between_requests(http_object: tuple[str, _Object])
     f = ferrio.open_url(url, range_size="1MiB", concurrency=1)
     obj.replace_after_gets = 2
     with pytest.raises(OSError, match="changed since it was opened"):
-        in_thread(lambda: _read_all(f))
+        in_thread(lambda: read_all(f))
 
 
 @pytest.mark.parametrize("pinned_by", ["last-modified", "size"])
@@ -301,11 +293,11 @@ def test_http_object_without_etag_replaced_between_requests(
     assert f.etag is None
     obj.replace_after_gets = 2
     with pytest.raises(OSError, match="changed since it was opened") as e:
-        in_thread(lambda: _read_all(f))
+        in_thread(lambda: read_all(f))
     assert e.value.filename == url
     # Reopened, the new object reads whole.
     with ferrio.open_url(url, range_size="1MiB") as again:
-        assert in_thread(lambda: _read_all(again)) == obj.body
+        assert in_thread(lambda: read_all(again)) == obj.body
 
 
 class _Signed(http.server.BaseHTTPRequestHandler):
@@ -417,12 +409,12 @@ def test_forked_child_reads_with_its_own_runtime(http_object: tuple[str, _Object
 
     url, obj = http_object
     f = ferrio.open_url(url, range_size="1MiB")
-    assert in_thread(lambda: _read_all(f)) == obj.body  # the parent's runtime is running
+    assert in_thread(lambda: read_all(f)) == obj.body  # the parent's runtime is running
 
     def child(conn: Any) -> None:
         # The object opened before the fork, and a new one: both read in the child.
-        digest = hashlib.sha256(_read_all(f)).hexdigest()
-        again = hashlib.sha256(_read_all(ferrio.open_url(url))).hexdigest()
+        digest = hashlib.sha256(read_all(f)).hexdigest()
+        again = hashlib.sha256(read_all(ferrio.open_url(url))).hexdigest()
         conn.send((digest, again))
         conn.close()
 
@@ -490,7 +482,7 @@ def test_s3_whole_and_ranged_reads(s3: Any) -> None:
     with ferrio.open(f"s3://{s3.ferrio_bucket}/dir/w.bin") as f:
         assert f.size == len(data)
         assert f.etag
-        assert in_thread(lambda: _read_all(f)) == data
+        assert in_thread(lambda: read_all(f)) == data
         buf = bytearray(9 << 20)
         assert f.read(buf, offset=1 << 20) == len(buf)
         assert bytes(buf) == data[1 << 20 : (1 << 20) + len(buf)]
@@ -528,7 +520,7 @@ def test_s3_key_with_hash_or_question_mark_must_be_percent_encoded(s3: Any) -> N
             ferrio.open(raw, "w")
     for encoded, body in [("name%231.bin", b"hash"), ("name%3FversionId=1", b"query")]:
         with ferrio.open(f"s3://{bucket}/h/{encoded}") as f:
-            assert in_thread(lambda: _read_all(f)) == body
+            assert in_thread(lambda: read_all(f)) == body
     with pytest.raises(ValueError, match="%23"):
         ferrio.open("https://example.com/file#part")
 
@@ -542,7 +534,7 @@ def test_s3_anonymous_without_credentials(s3: Any, monkeypatch: pytest.MonkeyPat
     # No credentials in the environment: unsigned requests, no wait on a metadata endpoint. A
     # public object reads; a private one is a PermissionError naming the URL.
     with ferrio.open(f"s3://{bucket}/public.bin") as f:
-        assert in_thread(lambda: _read_all(f)) == b"hello"
+        assert in_thread(lambda: read_all(f)) == b"hello"
     with pytest.raises(PermissionError) as e:
         ferrio.open(f"s3://{bucket}/private.bin")
     assert e.value.filename == f"s3://{bucket}/private.bin"

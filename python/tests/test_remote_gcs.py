@@ -37,9 +37,7 @@ import contextlib
 import hashlib
 import json
 import os
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -49,13 +47,24 @@ from typing import Any
 from xml.etree import ElementTree
 
 import pytest
-from conftest import BOUND_S, free_port, in_thread, remote_data
+from conftest import (
+    BOUND_S,
+    PART,
+    child_server,
+    files_under,
+    free_port,
+    in_thread,
+    make_tree,
+    read_all,
+    remote_data,
+    write_all,
+    write_in_steps,
+)
 
 import ferrio
 
 BUCKET = "ferrio-test"
 FAILING_BUCKET = "ferrio-failing-parts"  # every part uploaded into it answers 500
-PART = 5 << 20  # the smallest part GCS takes; the writer's part size in these tests
 
 # Run in the emulator's process: what the XML API of real GCS does and the emulator does not.
 _LAUNCHER = r"""
@@ -298,23 +307,10 @@ def gcs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     port = free_port()
     log = tmp_path_factory.mktemp("gcs") / "emulator.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _LAUNCHER, FAILING_BUCKET, "start", "--host", "127.0.0.1",
-             "--port", str(port), "--in-memory", "--default-bucket", BUCKET, "-q"],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    argv = [sys.executable, "-c", _LAUNCHER, FAILING_BUCKET, "start", "--host", "127.0.0.1",
+            "--port", str(port), "--in-memory", "--default-bucket", BUCKET, "-q"]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/", timeout=2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"the GCS emulator did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.1)
+    with child_server("the GCS emulator", argv, port, log):
         req = urllib.request.Request(
             f"{base}/storage/v1/b",
             data=json.dumps({"name": FAILING_BUCKET}).encode(),
@@ -324,13 +320,6 @@ def gcs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with urllib.request.urlopen(req, timeout=BOUND_S) as r:
             assert r.status == 200
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 @pytest.fixture
@@ -366,12 +355,6 @@ def gcs(gcs_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> A
     return put
 
 
-def _read_all(f: Any) -> bytes:
-    buf = bytearray(f.size)
-    assert f.read(buf) == f.size
-    return bytes(buf)
-
-
 @pytest.mark.parametrize("size", [0, 1, (2 << 20) + 4097])
 def test_gcs_sizes_are_byte_identical(gcs: Any, size: int) -> None:
     data = remote_data(size, seed=size)
@@ -379,7 +362,7 @@ def test_gcs_sizes_are_byte_identical(gcs: Any, size: int) -> None:
     url = f"gs://{BUCKET}/d/obj-{size}.bin"
     with ferrio.open_url(url, range_size="256KiB", concurrency=4) as f:
         assert f.size == size
-        assert in_thread(lambda: _read_all(f)) == data
+        assert in_thread(lambda: read_all(f)) == data
         if size > 1:
             buf = bytearray(size - 1001)
             assert f.read(buf, offset=1000) == len(buf)
@@ -454,7 +437,7 @@ def _is_whole(endpoint: str, key: str, data: bytes) -> None:
     assert meta["md5Hash"] == base64.b64encode(hashlib.md5(data).digest()).decode()
     with ferrio.open_url(f"gs://{BUCKET}/{key}", range_size="1MiB", concurrency=4) as f:
         assert f.size == len(data)
-        assert in_thread(lambda: _read_all(f)) == data
+        assert in_thread(lambda: read_all(f)) == data
 
 
 @pytest.mark.parametrize("size", [0, 1, PART, 3 * PART + 12345])
@@ -463,18 +446,12 @@ def test_gcs_write_round_trip(gcs: Any, gcs_endpoint: str, size: int) -> None:
     key = f"up/{size}.bin"
     url = f"gs://{BUCKET}/{key}"
 
-    def upload() -> None:
-        with ferrio.open_url(url, "w", range_size="5MiB", concurrency=3) as w:
-            assert isinstance(w, ferrio.RemoteWriter)
-            step = (1 << 20) + 7  # writes that straddle the parts
-            for i in range(0, len(data), step):
-                assert w.write(memoryview(data)[i : i + step]) == min(step, len(data) - i)
-            assert w.tell() == size
-            # Nothing is visible until the writer is closed; a full part started an upload.
-            assert _stored(gcs_endpoint, key) is None
-            assert _uploads(gcs_endpoint) == ([key] if size >= PART else [])
+    def nothing_visible() -> None:
+        # Nothing is visible until the writer is closed; a full part started an upload.
+        assert _stored(gcs_endpoint, key) is None
+        assert _uploads(gcs_endpoint) == ([key] if size >= PART else [])
 
-    in_thread(upload)
+    write_in_steps(url, data, nothing_visible)
     _is_whole(gcs_endpoint, key, data)
     assert _uploads(gcs_endpoint) == []
 
@@ -483,12 +460,7 @@ def test_gcs_rewrite_replaces_the_object(gcs: Any, gcs_endpoint: str) -> None:
     url = f"gs://{BUCKET}/again.bin"
     for size, seed in [(PART + 3, 1), (10, 2)]:
         data = remote_data(size, seed=seed)
-
-        def upload(data: bytes = data) -> None:
-            with ferrio.open_url(url, "w", range_size="5MiB") as w:
-                w.write(data)
-
-        in_thread(upload)
+        in_thread(lambda data=data: write_all(url, data))
         _is_whole(gcs_endpoint, "again.bin", data)
 
 
@@ -525,13 +497,8 @@ def test_gcs_failing_part_leaves_nothing(
 ) -> None:
     ferrio.config.set(remote_retries=0)
     url = f"gs://{FAILING_BUCKET}/failed.bin"
-
-    def upload() -> None:
-        with ferrio.open_url(url, "w", range_size="5MiB") as w:
-            w.write(remote_data(3 * PART, seed=9))
-
     with pytest.raises(OSError, match="500 Internal Server Error") as e:
-        in_thread(upload)
+        in_thread(lambda: write_all(url, remote_data(3 * PART, seed=9)))
     assert e.value.filename == url
     assert _stored(gcs_endpoint, "failed.bin", bucket=FAILING_BUCKET) is None
     assert _uploads(gcs_endpoint, bucket=FAILING_BUCKET) == []
@@ -540,13 +507,8 @@ def test_gcs_failing_part_leaves_nothing(
 @pytest.mark.parametrize("size", [5, PART + 1])
 def test_gcs_write_to_missing_bucket_is_file_not_found(gcs: Any, size: int) -> None:
     url = f"gs://no-such-bucket-ferrio/{size}.bin"
-
-    def upload() -> None:
-        with ferrio.open_url(url, "w", range_size="5MiB") as w:
-            w.write(remote_data(size, seed=size))
-
     with pytest.raises(FileNotFoundError) as e:
-        in_thread(upload)
+        in_thread(lambda: write_all(url, remote_data(size, seed=size)))
     assert e.value.filename == url
 
 
@@ -581,16 +543,8 @@ def test_gcs_copy_tree_up_and_down(
     gcs: Any, gcs_endpoint: str, tmp_path: Path, restore_settings: None
 ) -> None:
     ferrio.config.set(remote_range_size="5MiB")  # a.bin goes up in two parts
-    files = {
-        "a.bin": remote_data(PART + 5, seed=20),
-        "sub/b.bin": remote_data(1000, seed=21),
-        "sub/deeper/c.bin": b"",
-        "sub/deeper/name with #?%.bin": remote_data(77, seed=22),
-    }
     src = tmp_path / "tree"
-    for rel, data in files.items():
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        (src / rel).write_bytes(data)
+    files = make_tree(src)
     url = f"gs://{BUCKET}/tree/"
     report = in_thread(lambda: ferrio.copy(src, url, recursive=True))
     assert report["files"] == len(files)
@@ -604,5 +558,4 @@ def test_gcs_copy_tree_up_and_down(
     out = tmp_path / "out"
     report = in_thread(lambda: ferrio.copy(url, out, recursive=True))
     assert report["files"] == len(files)
-    got = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert got == files
+    assert files_under(out) == files

@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -28,12 +27,19 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import BOUND_S, in_thread, remote_data
+from conftest import (
+    BOUND_S,
+    PART,
+    cli,
+    files_under,
+    in_thread,
+    make_tree,
+    remote_data,
+    write_all,
+    write_in_steps,
+)
 
 import ferrio
-
-PART = 5 << 20  # the smallest part S3 takes; the writer's part size in these tests
-
 
 # ---------------------------------------------------------------------------------------------
 # moto's S3 server, and a proxy in front of it that misbehaves on request
@@ -240,17 +246,10 @@ def test_upload_round_trip(s3: Any, size: int) -> None:
     key = f"up/{size}.bin"
     url = f"s3://{s3.ferrio_bucket}/{key}"
 
-    def upload() -> None:
-        with ferrio.open_url(url, "w", range_size="5MiB", concurrency=3) as w:
-            assert isinstance(w, ferrio.RemoteWriter)
-            step = (1 << 20) + 7  # writes that straddle the parts
-            for i in range(0, len(data), step):
-                assert w.write(memoryview(data)[i : i + step]) == min(step, len(data) - i)
-            assert w.tell() == size
-            # Nothing is visible until the writer is closed.
-            assert _get(s3, key) is None
+    def nothing_visible() -> None:
+        assert _get(s3, key) is None
 
-    in_thread(upload)
+    write_in_steps(url, data, nothing_visible)
     assert _get(s3, key) == data
     assert _uploads(s3) == []
     with ferrio.open(url) as f:
@@ -436,7 +435,7 @@ def test_a_completion_refused_once_is_retried(s3: Any, status: int) -> None:
     s3.faults.answer["CompleteMultipartUpload"] = [status]
     data = remote_data(2 * PART + 5, seed=43)
     url = f"s3://{s3.ferrio_bucket}/complete-retried.bin"
-    in_thread(lambda: _write_all(url, data))
+    in_thread(lambda: write_all(url, data))
     assert s3.faults.seen["CompleteMultipartUpload"] == 2
     assert _get(s3, "complete-retried.bin") == data
     assert _uploads(s3) == []
@@ -447,7 +446,7 @@ def test_a_completion_whose_answer_is_lost_is_retried(s3: Any) -> None:
     s3.faults.answer_after["CompleteMultipartUpload"] = [500]
     data = remote_data(2 * PART + 5, seed=44)
     url = f"s3://{s3.ferrio_bucket}/complete-lost.bin"
-    in_thread(lambda: _write_all(url, data))
+    in_thread(lambda: write_all(url, data))
     assert _get(s3, "complete-lost.bin") == data
     assert _uploads(s3) == []
 
@@ -456,7 +455,7 @@ def test_a_completion_always_refused_leaves_nothing(s3: Any) -> None:
     s3.faults.answer["CompleteMultipartUpload"] = [503] * 10
     url = f"s3://{s3.ferrio_bucket}/complete-refused.bin"
     with ferrio.config.set(**FAST_FAIL), pytest.raises(OSError) as e:
-        in_thread(lambda: _write_all(url, remote_data(2 * PART + 5, seed=45)))
+        in_thread(lambda: write_all(url, remote_data(2 * PART + 5, seed=45)))
     assert e.value.filename == url and "503" in str(e.value)
     assert s3.faults.seen["CompleteMultipartUpload"] == 2
     assert _get(s3, "complete-refused.bin") is None
@@ -468,13 +467,13 @@ def test_a_connection_lost_mid_part(s3: Any) -> None:
     s3.faults.drop["UploadPart"] = 1
     data = remote_data(2 * PART + 5, seed=46)
     url = f"s3://{s3.ferrio_bucket}/dropped.bin"
-    in_thread(lambda: _write_all(url, data))
+    in_thread(lambda: write_all(url, data))
     assert s3.faults.seen["UploadPart"] == 4
     assert _get(s3, "dropped.bin") == data
     # Every time: an error naming the URL, and nothing left.
     s3.faults.drop["UploadPart"] = 100
     with ferrio.config.set(**FAST_FAIL), pytest.raises(OSError) as e:
-        in_thread(lambda: _write_all(url + ".2", data))
+        in_thread(lambda: write_all(url + ".2", data))
     assert e.value.filename == url + ".2"
     assert _get(s3, "dropped.bin.2") is None
     assert _uploads(s3) == []
@@ -484,7 +483,7 @@ def test_a_part_answered_without_its_etag_leaves_nothing(s3: Any) -> None:
     s3.faults.strip_etag = True
     url = f"s3://{s3.ferrio_bucket}/no-etag.bin"
     with pytest.raises(OSError, match="ETag") as e:
-        in_thread(lambda: _write_all(url, remote_data(2 * PART + 5, seed=47)))
+        in_thread(lambda: write_all(url, remote_data(2 * PART + 5, seed=47)))
     assert e.value.filename == url
     assert _get(s3, "no-etag.bin") is None
     assert _uploads(s3) == []
@@ -495,7 +494,7 @@ def test_a_refused_upload_is_permission_error(s3: Any, op: str, size: int) -> No
     s3.faults.answer[op] = [403]
     url = f"s3://{s3.ferrio_bucket}/denied.bin"
     with pytest.raises(PermissionError) as e:
-        in_thread(lambda: _write_all(url, remote_data(size, seed=48)))
+        in_thread(lambda: write_all(url, remote_data(size, seed=48)))
     assert e.value.filename == url
     assert s3.faults.seen[op] == 1  # not retried
     assert _get(s3, "denied.bin") is None
@@ -716,35 +715,14 @@ def test_copy_missing_and_not_recursive(s3: Any, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _tree(root: Path) -> dict[str, bytes]:
-    """Makes a tree under `root` (nested directories, an empty file, an empty directory)."""
-    files = {
-        "a.bin": remote_data(PART + 5, seed=20),
-        "sub/b.bin": remote_data(1000, seed=21),
-        "sub/deeper/c.bin": b"",
-        "sub/deeper/name with #?%.bin": remote_data(77, seed=22),
-    }
-    for rel, data in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-    (root / "empty-dir" / "nested-empty").mkdir(parents=True)
-    return files
-
-
 def _keys(s3: Any, prefix: str) -> list[str]:
     listed = s3.list_objects_v2(Bucket=s3.ferrio_bucket, Prefix=prefix)
     return sorted(o["Key"] for o in listed.get("Contents", []))
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
 def test_copy_tree_up_and_down(s3: Any, tmp_path: Path) -> None:
     src = tmp_path / "tree"
-    files = _tree(src)
+    files = make_tree(src)
     url = f"s3://{s3.ferrio_bucket}/up/tree/"
     report = in_thread(lambda: ferrio.copy(src, url, recursive=True))
     assert report["files"] == len(files)
@@ -759,10 +737,10 @@ def test_copy_tree_up_and_down(s3: Any, tmp_path: Path) -> None:
     out = tmp_path / "out"
     report = in_thread(lambda: ferrio.copy(url.rstrip("/"), out, recursive=True))
     assert report["files"] == len(files)
-    assert _files(out) == files
+    assert files_under(out) == files
     # Into a directory that exists: the tree goes inside it by name.
     in_thread(lambda: ferrio.copy(url, out, recursive=True))
-    assert _files(out / "tree") == files
+    assert files_under(out / "tree") == files
     assert not [p for p in tmp_path.rglob("*") if ".ferrio-" in p.name]
 
 
@@ -844,7 +822,7 @@ def test_copy_tree_upload_failing_mid_way_leaves_no_partial_object(s3: Any, tmp_
     assert _keys(s3, "fail/") == ["fail/sub/small.bin"]
     # The same through the CLI: one line per failed file, exit status 1.
     out = subprocess.run(
-        _cli("cp", "-r", str(src), url, "--json"),
+        cli("cp", "-r", str(src), url, "--json"),
         capture_output=True,
         text=True,
         check=False,
@@ -901,7 +879,7 @@ def test_copy_prefix_with_objects_deleted_or_replaced_after_the_listing(
     s3.faults.after["ListObjectsV2"] = after_listing
     out = tmp_path / "out"
     result = subprocess.run(
-        _cli("cp", "-r", f"s3://{s3.ferrio_bucket}/race/", str(out), "--json"),
+        cli("cp", "-r", f"s3://{s3.ferrio_bucket}/race/", str(out), "--json"),
         capture_output=True,
         text=True,
         check=False,
@@ -912,7 +890,7 @@ def test_copy_prefix_with_objects_deleted_or_replaced_after_the_listing(
     assert sorted(errors) == ["1.bin", "2.bin"]
     assert "no such object" in errors["1.bin"]
     assert "changed since it was opened" in errors["2.bin"]
-    assert _files(out) == {"0.bin": bodies[0], "3.bin": bodies[3]}
+    assert files_under(out) == {"0.bin": bodies[0], "3.bin": bodies[3]}
 
 
 def test_cli_cp_ctrl_c_while_the_store_does_not_answer(s3: Any, tmp_path: Path) -> None:
@@ -926,7 +904,7 @@ def test_cli_cp_ctrl_c_while_the_store_does_not_answer(s3: Any, tmp_path: Path) 
         ("HEAD", [f"s3://{s3.ferrio_bucket}/slow/0.bin", str(tmp_path / "one.bin")]),
     ]:
         s3.faults.stall = {op}
-        proc = subprocess.Popen(_cli("cp", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(cli("cp", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             deadline = time.monotonic() + BOUND_S
             while s3.faults.seen.get(op, 0) == 0 and time.monotonic() < deadline:
@@ -948,10 +926,10 @@ def test_cli_cp_ctrl_c_while_the_store_does_not_answer(s3: Any, tmp_path: Path) 
 
 def test_cli_cp_recursive_json(s3: Any, tmp_path: Path) -> None:
     src = tmp_path / "tree"
-    files = _tree(src)
+    files = make_tree(src)
     url = f"s3://{s3.ferrio_bucket}/cli-tree/"
     out = subprocess.run(
-        _cli("cp", "-r", str(src), url, "--json"),
+        cli("cp", "-r", str(src), url, "--json"),
         capture_output=True,
         text=True,
         check=False,
@@ -961,7 +939,7 @@ def test_cli_cp_recursive_json(s3: Any, tmp_path: Path) -> None:
     assert json.loads(out.stdout)["files"] == len(files)
     down = tmp_path / "down"
     out = subprocess.run(
-        _cli("cp", "-r", url, str(down), "--json"),
+        cli("cp", "-r", url, str(down), "--json"),
         capture_output=True,
         text=True,
         check=False,
@@ -972,10 +950,10 @@ def test_cli_cp_recursive_json(s3: Any, tmp_path: Path) -> None:
     assert report["files"] == len(files)
     # `down`, `sub` and `sub/deeper`: the empty directories were not uploaded (objects only).
     assert report["dirs"] == 3
-    assert _files(down) == files
+    assert files_under(down) == files
     missing = f"s3://{s3.ferrio_bucket}/no-such-prefix/"
     out = subprocess.run(
-        _cli("cp", "-r", missing, str(tmp_path / "none")),
+        cli("cp", "-r", missing, str(tmp_path / "none")),
         capture_output=True,
         text=True,
         check=False,
@@ -1030,7 +1008,7 @@ def test_upload_from_torch_cuda_tensor_and_abort(s3: Any) -> None:
     url = f"s3://{s3.ferrio_bucket}/gpu/torch.bin"
     src = torch.frombuffer(bytearray(data), dtype=torch.uint8).cuda()
     torch.cuda.synchronize()
-    in_thread(lambda: _write_all(url, src))
+    in_thread(lambda: write_all(url, src))
     assert _get(s3, "gpu/torch.bin") == data
     # An exception after a GPU write still aborts: no object, no parts.
 
@@ -1045,22 +1023,13 @@ def test_upload_from_torch_cuda_tensor_and_abort(s3: Any) -> None:
     assert _uploads(s3) == []
 
 
-def _write_all(url: str, buf: Any) -> None:
-    with ferrio.open_url(url, "w", range_size="5MiB") as w:
-        w.write(buf)
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ferrio._cli", *args]
-
-
 def test_cli_cp_json_both_ways(s3: Any, tmp_path: Path) -> None:
     data = remote_data(PART + 3, seed=14)
     src = tmp_path / "cli.bin"
     src.write_bytes(data)
     url = f"s3://{s3.ferrio_bucket}/cli.bin"
     out = subprocess.run(
-        _cli("cp", str(src), url, "--json"),
+        cli("cp", str(src), url, "--json"),
         capture_output=True,
         text=True,
         check=False,
@@ -1072,7 +1041,7 @@ def test_cli_cp_json_both_ways(s3: Any, tmp_path: Path) -> None:
     assert _get(s3, "cli.bin") == data
     back = tmp_path / "cli-back.bin"
     out = subprocess.run(
-        _cli("cp", url, str(back), "--json"),
+        cli("cp", url, str(back), "--json"),
         capture_output=True,
         text=True,
         check=False,
@@ -1081,7 +1050,7 @@ def test_cli_cp_json_both_ways(s3: Any, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert back.read_bytes() == data
     out = subprocess.run(
-        _cli("cp", url + ".missing", str(back)),
+        cli("cp", url + ".missing", str(back)),
         capture_output=True,
         text=True,
         check=False,
@@ -1098,7 +1067,7 @@ def test_cli_cp_ctrl_c_during_upload_leaves_nothing(s3: Any, tmp_path: Path) -> 
     url = f"s3://{s3.ferrio_bucket}/big.bin"
     env = dict(os.environ, FERRIO_REMOTE_RANGE_SIZE="5MiB")
     proc = subprocess.Popen(
-        _cli("cp", str(src), url),
+        cli("cp", str(src), url),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,7 +1,8 @@
 """ferrio.safetensors on URLs: checkpoints served by servers on 127.0.0.1 that the tests start.
 
-A small HTTP server with Range and ETag (threads, our own) and moto's S3 server (skipped without
-moto) serve the same files written by the `safetensors` package; every load from a URL must be
+A small HTTP server with Range and ETag (threads, our own), moto's S3 server (skipped without
+moto) and an Azure Blob service (conftest's: Azurite or the emulator of azure_blob_server.py)
+serve the same files written by the `safetensors` package; every load from a URL must be
 bit-identical to ferrio loading the local file, and every error must name the URL.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import AZURE_CONTAINER, AzureService, use_azure
 
 import ferrio.safetensors
 import ferrio.safetensors.numpy as fst
@@ -218,6 +220,28 @@ def test_s3_checkpoint_and_index_are_bit_identical(
     for p in checkpoint_dir.iterdir():
         client.put_object(Bucket=bucket, Key=f"ckpt/{p.name}", Body=p.read_bytes())
     base = f"s3://{bucket}/ckpt"
+    _same(
+        fst.load_file(f"{base}/model.safetensors"),
+        fst.load_file(str(checkpoint_dir / "model.safetensors")),
+    )
+    _same(fst.load_file(f"{base}/m.safetensors.index.json"), _tensors(2))
+    with pytest.raises(FileNotFoundError) as e:
+        fst.load_file(f"{base}/missing.safetensors")
+    assert e.value.filename == f"{base}/missing.safetensors"
+
+
+# ---------------------------------------------------------------------------------------------
+# Azure Blob through conftest's service
+# ---------------------------------------------------------------------------------------------
+
+
+def test_az_checkpoint_and_index_are_bit_identical(
+    azure_service: AzureService, checkpoint_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_azure(monkeypatch, azure_service)
+    for p in checkpoint_dir.iterdir():
+        azure_service.put(f"ckpt/{p.name}", p.read_bytes())
+    base = f"az://{AZURE_CONTAINER}/ckpt"
     _same(
         fst.load_file(f"{base}/model.safetensors"),
         fst.load_file(str(checkpoint_dir / "model.safetensors")),

@@ -234,10 +234,11 @@ const KEPT_STORES: usize = 16;
 
 /// Everything a store of `loc` is built from: the process (a forked child's connections are its
 /// parent's), the store's part of the URL (scheme, bucket or server), the settings it takes, and
-/// the environment it reads (its variables and the gcloud credentials file), so a changed
-/// endpoint, credential or timeout gets a store of its own.
+/// the environment it reads (its variables, `AZURITE_BLOB_STORAGE_URL` that object_store reads
+/// for the Azure emulator's endpoint, and the gcloud credentials file), so a changed endpoint,
+/// credential or timeout gets a store of its own.
 fn store_key(loc: &Location, settings: &Settings) -> String {
-    let mut env: Vec<(String, String)> = ["AWS_", "GOOGLE_", "AZURE_"]
+    let mut env: Vec<(String, String)> = ["AWS_", "GOOGLE_", "AZURE_", "AZURITE_"]
         .into_iter()
         .flat_map(env_options)
         .collect();
