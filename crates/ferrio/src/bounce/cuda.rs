@@ -10,8 +10,8 @@
 //! ([`topology::context_node`]), faulted in, and pinned with `cuMemHostRegister`: the driver
 //! pins a huge page as one (2.3× faster than `cuMemHostAlloc` on the H200; 4 KiB pages register
 //! slower than it), and the bytes cross no inter-socket link on their way to the GPU. Other
-//! buffers, buffers the driver refuses to register, and `Driver` come from `cuMemHostAlloc`. Which kind each
-//! allocation is, is remembered, so that it is freed the way it was made.
+//! buffers, buffers the driver refuses to register, and `Driver` come from `cuMemHostAlloc`.
+//! Which kind each allocation is, is remembered, so that it is freed the way it was made.
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
