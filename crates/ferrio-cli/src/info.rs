@@ -1,6 +1,6 @@
 //! `ferrio info PATH`: file system, device chain, pool, direct I/O, cache policy and page cache
 //! of a file; `ferrio info --gpu N`: a GPU's name, PCI address, memory, NUMA node, PCIe link,
-//! and whether ferrio places its bounce rings on that node.
+//! whether ferrio places its bounce rings on that node, and how it pins their buffers.
 
 use std::path::PathBuf;
 
@@ -40,6 +40,9 @@ fn gpu(ordinal: usize, json: bool) -> anyhow::Result<()> {
     let g = ferrio::topology::gpu(ordinal)?;
     let node = g.pci.as_ref().and_then(|p| p.numa_node);
     let one_node = g.online_nodes.len() <= 1;
+    let settings = ferrio::Settings::global();
+    let buffer = usize::try_from(settings.bounce_buffer_size).unwrap_or(usize::MAX);
+    let pinning = ferrio::topology::pinning(settings.pinned_memory, buffer, g.placed_on);
     if json {
         let link = |l: &ferrio::topology::Link| json!({"speed": l.speed, "width": l.width});
         out(&json!({
@@ -49,6 +52,7 @@ fn gpu(ordinal: usize, json: bool) -> anyhow::Result<()> {
             "node_cpus": g.node_cpus.as_deref().map(cpu_list),
             "link": g.pci.as_ref().map(|p| json!({"current": link(&p.current_link), "max": link(&p.max_link)})),
             "rings_placed_on_node": g.placed_on,
+            "pinning": pinning.to_string(),
         })
         .to_string())?;
         return Ok(());
@@ -84,6 +88,11 @@ fn gpu(ordinal: usize, json: bool) -> anyhow::Result<()> {
         None => "none (the GPU's node is unknown)".to_string(),
     };
     out(&format!("placement:   {placement}"))?;
+    out(&format!(
+        "pinning:     {} buffers {pinning} (pinned_memory={})",
+        ferrio::config::format_size(settings.bounce_buffer_size),
+        settings.pinned_memory
+    ))?;
     Ok(())
 }
 

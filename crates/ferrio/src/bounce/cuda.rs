@@ -4,13 +4,11 @@
 //! engine's context; streams and events are [`crate::cuda`]'s owned [`Stream`] and [`Event`].
 //! This file has no FFI of its own and knows nothing of the ring's logic.
 //!
-//! Pinned memory is made as the engine's [`PinnedMemory`] says. `Mapped` (the default): a buffer
-//! of at least a huge page, where the kernel gives transparent huge pages, or any buffer on a
-//! machine of several NUMA nodes, is mapped here (`sys::numa`) in huge pages, on the GPU's node
-//! ([`topology::context_node`]), faulted in, and pinned with `cuMemHostRegister`: the driver
-//! pins a huge page as one (2.3× faster than `cuMemHostAlloc` on the H200; 4 KiB pages register
-//! slower than it), and the bytes cross no inter-socket link on their way to the GPU. Other
-//! buffers, buffers the driver refuses to register, and `Driver` come from `cuMemHostAlloc`.
+//! Pinned memory is made as [`topology::pinning`] decides from the engine's [`PinnedMemory`].
+//! Mapped memory is mapped here (`sys::numa`), in huge pages and on the GPU's NUMA node where
+//! that was decided, faulted in, and pinned with `cuMemHostRegister`: the driver pins a huge
+//! page as one, and the bytes cross no inter-socket link on their way to the GPU. The rest, and
+//! everything once the driver has refused to register, comes from `cuMemHostAlloc`.
 //! Which kind each allocation is, is remembered, so that it is freed the way it was made.
 
 use std::collections::HashMap;
@@ -22,6 +20,7 @@ use super::CopyEngine;
 use crate::config::PinnedMemory;
 use crate::cuda::{self, calls, Context, ContextGuard, DevicePtr, Event, Stream};
 use crate::error::{Error, Result};
+use crate::topology::Pinning;
 use crate::{sys, topology};
 
 /// Pinned allocations mapped here and registered (not `cuMemHostAlloc`ed): start address →
@@ -124,27 +123,24 @@ impl CopyEngine for CudaEngine {
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<NonNull<u8>> {
-        if self.pinned == PinnedMemory::Mapped && !REGISTER_REFUSED.load(Ordering::Relaxed) {
-            let node = topology::context_node(self.context);
-            // Mapped memory pins faster than the driver's only in huge pages (a smaller buffer
-            // would waste the rest of one); on a machine of several nodes it is worth mapping
-            // for the placement alone.
-            let huge = len >= sys::numa::HUGE_PAGE && sys::numa::transparent_huge_pages();
-            if huge || node.is_some() {
-                match self.alloc_mapped(len, node, huge) {
-                    Ok(p) => return Ok(p),
-                    // Placement is an optimisation: memory from elsewhere is slower, not wrong.
-                    Err(Error::InvalidArgument(_)) if node.is_some() => {
-                        if let Ok(p) = self.alloc_mapped(len, None, huge) {
-                            return Ok(p);
-                        }
+        if REGISTER_REFUSED.load(Ordering::Relaxed) {
+            return calls::mem_host_alloc(self.context, len).map(NonNull::cast);
+        }
+        let node = topology::context_node(self.context);
+        if let Pinning::Mapped { huge, node } = topology::pinning(self.pinned, len, node) {
+            match self.alloc_mapped(len, node, huge) {
+                Ok(p) => return Ok(p),
+                // Placement is an optimisation: memory from elsewhere is slower, not wrong.
+                Err(Error::InvalidArgument(_)) if node.is_some() => {
+                    if let Ok(p) = self.alloc_mapped(len, None, huge) {
+                        return Ok(p);
                     }
-                    // Short of memory now, perhaps not later.
-                    Err(Error::OutOfMemory(_)) => {}
-                    Err(Error::Cuda { code, .. }) if code == cuda::CUDA_ERROR_OUT_OF_MEMORY => {}
-                    // The driver would not register it: it will not later either.
-                    Err(_) => REGISTER_REFUSED.store(true, Ordering::Relaxed),
                 }
+                // Short of memory now, perhaps not later.
+                Err(Error::OutOfMemory(_)) => {}
+                Err(Error::Cuda { code, .. }) if code == cuda::CUDA_ERROR_OUT_OF_MEMORY => {}
+                // The driver would not register it: it will not later either.
+                Err(_) => REGISTER_REFUSED.store(true, Ordering::Relaxed),
             }
         }
         calls::mem_host_alloc(self.context, len).map(NonNull::cast)
