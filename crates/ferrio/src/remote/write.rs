@@ -29,6 +29,28 @@ use super::{runtime, store};
 /// Smallest part a multipart upload may have (but the last): S3's and GCS's limit.
 pub const MIN_PART_SIZE: usize = 5 << 20;
 
+/// Most parts one upload may have: S3's and GCS's limit (Azure takes 50,000 blocks).
+pub const MAX_PARTS: usize = 10_000;
+
+/// Largest part: Azure's largest block (4000 MiB; S3 and GCS take 5 GiB).
+const MAX_PART_SIZE: usize = 4000 << 20;
+
+/// Parts of each size before the part size doubles ([`part_size_after`]).
+const PARTS_PER_SIZE: usize = 1_000;
+
+/// The size of the part after `sent` parts of an upload whose first parts are `first` bytes:
+/// `first` for the first 1,000 parts, doubling every 1,000 after, up to 4000 MiB. From the
+/// default 8 MiB the 10,000 parts reach 7.8 TiB, beyond the stores' 5 TiB objects (4.9 TiB from
+/// the smallest first parts, 5 MiB); an object of under 1,000 first parts is cut as before.
+fn part_size_after(first: usize, sent: usize) -> usize {
+    let doublings = u32::try_from(sent / PARTS_PER_SIZE)
+        .unwrap_or(u32::MAX)
+        .min(16);
+    first
+        .saturating_mul(1 << doublings)
+        .min(MAX_PART_SIZE.max(first))
+}
+
 /// Where the writer is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -46,7 +68,10 @@ enum State {
 /// read-only). Bytes are cut into parts of [`Settings::remote_range_size`] (at least
 /// [`MIN_PART_SIZE`]) and up to [`Settings::remote_concurrency`] parts are uploaded at once while
 /// [`RemoteWriter::write`] returns; a write blocks only while that many are in flight, so the
-/// memory held is about `concurrency × part size`.
+/// memory held is about `concurrency × part size`. After 1,000 parts the part size doubles, and
+/// again every 1,000 parts (up to 4000 MiB), with proportionally fewer parts in flight: an
+/// object of any size the stores take fits in their 10,000 parts ([`MAX_PARTS`]) with the same
+/// memory held.
 ///
 /// [`RemoteWriter::close`] waits for the parts and completes the upload: only then does the
 /// object appear (replacing any object of that name whole). On any error, on
@@ -59,7 +84,10 @@ pub struct RemoteWriter {
     store: Arc<dyn ObjectStore>,
     path: Path,
     handle: Handle,
-    part_size: usize,
+    /// Bytes of each of the first parts ([`part_size_after`]).
+    first_part_size: usize,
+    /// Parts handed to the upload so far.
+    parts_sent: usize,
     concurrency: usize,
     /// Bytes not yet handed to a part.
     pending: Vec<u8>,
@@ -135,7 +163,7 @@ impl RemoteWriter {
             )));
         }
         let store = store::build_with(&location, &settings)?;
-        let part_size = usize::try_from(settings.remote_range_size)
+        let first_part_size = usize::try_from(settings.remote_range_size)
             .unwrap_or(usize::MAX)
             .max(MIN_PART_SIZE);
         Ok(RemoteWriter {
@@ -143,7 +171,8 @@ impl RemoteWriter {
             store,
             path: location.path,
             handle: runtime::handle()?,
-            part_size,
+            first_part_size,
+            parts_sent: 0,
             concurrency: settings.remote_concurrency.max(1),
             pending: Vec::new(),
             upload: None,
@@ -170,9 +199,16 @@ impl RemoteWriter {
         self.written
     }
 
-    /// Bytes per part.
+    /// Bytes of the part being filled: [`Settings::remote_range_size`] for the first 1,000
+    /// parts, then doubling every 1,000 (see [`RemoteWriter`]).
     pub fn part_size(&self) -> usize {
-        self.part_size
+        part_size_after(self.first_part_size, self.parts_sent)
+    }
+
+    /// Parts in flight at most: `concurrency` parts of the first size' worth of memory.
+    fn parts_in_flight(&self) -> usize {
+        let budget = self.concurrency.saturating_mul(self.first_part_size);
+        (budget / self.part_size()).max(1)
     }
 
     /// Whether [`RemoteWriter::close`] completed the object.
@@ -254,11 +290,12 @@ impl RemoteWriter {
         self.check_open()?;
         let mut rest = buf;
         while !rest.is_empty() {
-            let take = (self.part_size - self.pending.len()).min(rest.len());
+            let part_size = self.part_size();
+            let take = (part_size - self.pending.len()).min(rest.len());
             self.pending.extend_from_slice(&rest[..take]);
             rest = &rest[take..];
             self.written += take as u64;
-            if self.pending.len() == self.part_size {
+            if self.pending.len() == part_size {
                 let part = std::mem::take(&mut self.pending);
                 let sent = self.send_part(part);
                 self.or_abort(sent)?;
@@ -326,7 +363,7 @@ impl RemoteWriter {
                 // One allocation per part, of the size it will have: appends a bounce buffer at
                 // a time neither reallocate nor leave slack in the part.
                 let left = (len as u64 - (at - offset)) as usize;
-                self.pending.reserve_exact(self.part_size.min(left));
+                self.pending.reserve_exact(self.part_size().min(left));
             }
             self.write(chunk).map(|_| ())
         });
@@ -371,17 +408,25 @@ impl RemoteWriter {
     /// Hands a full part to the upload (starting it if this is the first), after waiting for
     /// room among the parts in flight.
     fn send_part(&mut self, part: Vec<u8>) -> Result<()> {
+        if self.parts_sent >= MAX_PARTS {
+            return Err(Error::InvalidArgument(format!(
+                "{}: an upload may have at most {MAX_PARTS} parts; this object needs more \
+                 (raise remote_range_size)",
+                self.url
+            )));
+        }
         if self.upload.is_none() {
             let store = self.store.clone();
             let path = self.path.clone();
             let upload = self.block_on(async move { store.put_multipart(&path).await })?;
             self.upload = Some(upload);
         }
-        self.wait_for_parts(self.concurrency - 1)?;
+        self.wait_for_parts(self.parts_in_flight() - 1)?;
         if let Some(upload) = self.upload.as_mut() {
             let put = upload.put_part(PutPayload::from(part));
             self.parts.spawn_on(put, &self.handle);
         }
+        self.parts_sent += 1;
         Ok(())
     }
 
@@ -553,7 +598,8 @@ mod tests {
             store,
             path: Path::from("obj"),
             handle: runtime::handle().unwrap(),
-            part_size: part,
+            first_part_size: part,
+            parts_sent: 0,
             concurrency,
             pending: Vec::new(),
             upload: None,
@@ -599,6 +645,63 @@ mod tests {
             assert_eq!(w.close().unwrap(), n as u64);
             assert_eq!(read(&store).as_deref(), Some(&want[..]), "{n} bytes");
         }
+    }
+
+    #[test]
+    fn parts_grow_every_thousand_so_ten_thousand_reach_the_stores_largest_objects() {
+        const MIB: usize = 1 << 20;
+        assert_eq!(part_size_after(8 * MIB, 0), 8 * MIB);
+        assert_eq!(part_size_after(8 * MIB, 999), 8 * MIB);
+        assert_eq!(part_size_after(8 * MIB, 1000), 16 * MIB);
+        assert_eq!(part_size_after(8 * MIB, 9999), MAX_PART_SIZE);
+        assert_eq!(part_size_after(8 * MIB, usize::MAX), MAX_PART_SIZE);
+        // A first part larger than the cap stays as asked.
+        assert_eq!(part_size_after(5000 * MIB, 5000), 5000 * MIB);
+        let total = |first: usize| -> u64 {
+            (0..MAX_PARTS)
+                .map(|i| part_size_after(first, i) as u64)
+                .sum()
+        };
+        assert!(
+            total(8 * MIB) > 5 << 40,
+            "the default reaches S3's 5 TiB objects"
+        );
+        assert!(total(MIN_PART_SIZE) > 4 << 40);
+    }
+
+    #[test]
+    fn growing_parts_round_trip_with_the_same_memory_in_flight() {
+        const PART: usize = 100;
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let mut w = writer(store.clone(), PART, 8);
+        assert_eq!(w.parts_in_flight(), 8);
+        // 1,000 parts of 100 bytes, 1,000 of 200, and 3 and a bit of 400.
+        let want = data(1000 * PART + 1000 * 2 * PART + 3 * 4 * PART + 17);
+        for piece in want.chunks(977) {
+            w.write(piece).unwrap();
+        }
+        assert_eq!(w.part_size(), 4 * PART);
+        assert_eq!(
+            w.parts_in_flight(),
+            2,
+            "8 parts of 100 bytes' worth of 400-byte parts"
+        );
+        assert_eq!(w.close().unwrap(), want.len() as u64);
+        assert_eq!(read(&store).as_deref(), Some(&want[..]));
+    }
+
+    #[test]
+    fn a_part_past_the_stores_limit_is_refused_and_nothing_is_created() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let mut w = writer(store.clone(), 100, 2);
+        w.write(&data(250)).unwrap();
+        w.parts_sent = MAX_PARTS;
+        match w.write(&data(w.part_size())) {
+            Err(Error::InvalidArgument(msg)) => assert!(msg.contains("10000 parts"), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(w.close(), Err(Error::InvalidArgument(_))));
+        assert_eq!(read(&store), None);
     }
 
     #[test]
