@@ -645,7 +645,7 @@ fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<Copi
         }
         (Source::Remote(src), End::Local(dst)) => download(src, dst, plan.window, progress),
         (Source::Remote(src), End::Url(dst)) => {
-            if remote::copy_in_store(src.url(), dst)? {
+            if remote::copy_in_store(src.url(), dst, src.len())? {
                 progress.add_bytes(src.len());
                 return Ok(Copied::File);
             }

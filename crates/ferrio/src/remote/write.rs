@@ -554,20 +554,26 @@ impl Drop for RemoteWriter {
     }
 }
 
-/// Copies the object at `from` to `to` inside the store (no bytes pass through this process)
-/// when both URLs name the same bucket or container; `Ok(false)` when they do not, so the caller
-/// streams the bytes instead.
+/// Largest object S3 copies in one request (`CopyObject`); a larger one must be copied in
+/// parts, which object_store does not do, so ferrio streams it.
+const S3_MAX_COPY: u64 = 5 << 30;
+
+/// Copies the object at `from`, of `len` bytes, to `to` inside the store (no bytes pass through
+/// this process) when both URLs name the same bucket or container and the store copies an
+/// object that large in one request; `Ok(false)` otherwise, so the caller streams the bytes
+/// instead (S3 copies at most 5 GiB at once: a larger `CopyObject` fails).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for a malformed URL; [`Error::Io`] naming `from` (not found,
 /// denied) or `to` for another failure.
-pub fn copy_in_store(from: &str, to: &str) -> Result<bool> {
+pub fn copy_in_store(from: &str, to: &str, len: u64) -> Result<bool> {
     let (src, dst) = (store::parse(from)?, store::parse(to)?);
     let same = src.scheme == dst.scheme
         && src.scheme != ObjectStoreScheme::Http
         && src.url.host_str() == dst.url.host_str()
         && src.url.port() == dst.url.port();
-    if !same {
+    let too_large = src.scheme == ObjectStoreScheme::AmazonS3 && len > S3_MAX_COPY;
+    if !same || too_large {
         return Ok(false);
     }
     let store = store::build(&src)?;
@@ -702,6 +708,14 @@ mod tests {
         }
         assert!(matches!(w.close(), Err(Error::InvalidArgument(_))));
         assert_eq!(read(&store), None);
+    }
+
+    #[test]
+    fn s3_objects_over_5_gib_are_not_copied_in_the_store() {
+        // Answered before any store is built or asked: the caller streams the bytes instead.
+        assert!(!copy_in_store("s3://b/big", "s3://b/copy", S3_MAX_COPY + 1).unwrap());
+        // Other buckets are never copied in the store, whatever the size.
+        assert!(!copy_in_store("s3://b/small", "s3://other/copy", 1).unwrap());
     }
 
     #[test]
