@@ -42,7 +42,7 @@ use crate::pool::{Completion, IoFuture};
 pub(crate) use list::{as_prefix, can_list, encode_key_part, is_plain_name, list_prefix_until};
 pub use list::{list_prefix, ListedObject};
 pub use store::is_remote_url;
-pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MIN_PART_SIZE};
+pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MAX_PARTS, MIN_PART_SIZE};
 
 /// Bytes every remote read of this process has received so far.
 static BYTES_READ: AtomicU64 = AtomicU64::new(0);
