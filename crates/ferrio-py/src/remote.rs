@@ -418,10 +418,7 @@ impl RemoteWriter {
         let (ptr, len) = (SendConst(host.ptr()), host.len());
         let view = host.into_view();
         // Only a write that fills a part waits on the store (for room among the parts in flight).
-        let may_block = self.lock().as_ref().is_none_or(|w| {
-            let part = w.part_size() as u64;
-            w.written() % part + len as u64 >= part
-        });
+        let may_block = self.lock().as_ref().is_none_or(|w| w.fills_part(len));
         let n = self.run_writer(py, may_block, move |w| {
             let ptr = ptr;
             // SAFETY: `ptr..ptr+len` lies in the C-contiguous export checked by

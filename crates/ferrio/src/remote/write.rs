@@ -203,6 +203,12 @@ impl RemoteWriter {
         part_size_after(self.first_part_size, self.parts_sent)
     }
 
+    /// Whether appending `len` bytes fills the part being filled, so that the write may wait
+    /// for room among the parts in flight (a smaller one only copies the bytes).
+    pub fn fills_part(&self, len: usize) -> bool {
+        self.pending.len().saturating_add(len) >= self.part_size()
+    }
+
     /// Parts in flight at most: `concurrency` parts of the first size' worth of memory.
     fn parts_in_flight(&self) -> usize {
         let budget = self.concurrency.saturating_mul(self.first_part_size);
