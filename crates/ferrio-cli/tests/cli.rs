@@ -215,29 +215,21 @@ fn a_full_stdout_is_named_as_the_failure() {
 
 #[test]
 fn a_block_device_is_described_and_pooled_as_its_own_device() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root (losetup)");
-        return;
-    }
     let d = tmp();
     let img = d.path().join("img");
     std::fs::File::create(&img)
         .and_then(|f| f.set_len(8 << 20))
         .unwrap();
-    let o = Command::new("losetup")
-        .args(["-f", "--show"])
-        .arg(&img)
-        .output();
-    let dev = match o {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
-        other => {
-            eprintln!("skipped: losetup failed: {other:?}");
+    let loop_dev = match common::LoopDevice::attach(&img) {
+        Ok(l) => l,
+        Err(why) => {
+            eprintln!("skipped: {why}");
             return;
         }
     };
+    let dev = loop_dev.path.clone();
     let o = run(&["info", &dev, "--json"]);
-    let _ = Command::new("losetup").args(["-d", &dev]).status();
+    drop(loop_dev);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let name = dev.trim_start_matches("/dev/");

@@ -308,8 +308,7 @@ fn cp_refuses_to_replace_a_file_the_user_may_not_write() {
     let dst = d.path().join("dst");
     fs::write(&dst, b"protected").unwrap();
     fs::set_permissions(&dst, fs::Permissions::from_mode(0o444)).unwrap();
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = common::is_root();
     let o = if root {
         // Root may write anything (as with cp); the rule is checked as an unprivileged user, who
         // owns the read-only file in a directory everyone may write.
@@ -409,8 +408,7 @@ fn cp_never_replaces_a_device_or_fifo_with_a_file() {
 
 #[test]
 fn cp_r_into_itself_through_a_bind_mount_is_refused() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !common::is_root() {
         eprintln!("skipped: needs root (mount --bind)");
         return;
     }

@@ -156,32 +156,24 @@ fn a_refused_fifo_or_device_is_not_called_overwritten() {
 
 #[test]
 fn a_size_larger_than_a_block_device_is_refused_before_writing() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root (losetup)");
-        return;
-    }
     let d = tmp();
     let img = d.path().join("img");
     fs::write(&img, vec![0x5a; 4 << 20]).unwrap();
-    let dev = match Command::new("losetup")
-        .args(["-f", "--show"])
-        .arg(&img)
-        .output()
-    {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
-        other => {
-            eprintln!("skipped: losetup failed: {other:?}");
+    let loop_dev = match common::LoopDevice::attach(&img) {
+        Ok(l) => l,
+        Err(why) => {
+            eprintln!("skipped: {why}");
             return;
         }
     };
+    let dev = loop_dev.path.clone();
     let o = run(&[
         Path::new("write"),
         Path::new("--size"),
         Path::new("8MiB"),
         Path::new(&dev),
     ]);
-    let _ = Command::new("losetup").args(["-d", &dev]).status();
+    drop(loop_dev);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(

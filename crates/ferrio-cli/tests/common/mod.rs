@@ -1,9 +1,9 @@
-//! Helpers shared by the CLI tests: a small loop-device file system, and bounded waits for
-//! children that are sent Ctrl-C.
+//! Helpers shared by the CLI tests: loop devices and a small file system on one, and bounded
+//! waits for children that are sent Ctrl-C.
 #![allow(dead_code)] // each test crate uses its own subset
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
@@ -38,17 +38,55 @@ pub fn interrupt_and_time(child: &mut Child, limit: Duration) -> (ExitStatus, Du
     }
 }
 
+/// Whether the tests run as root (loop devices and mounts need it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs `cmd`; its trimmed standard output, or why it failed.
+fn sh(cmd: &mut Command) -> Result<String, String> {
+    let o = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !o.status.success() {
+        return Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&o.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// A loop device over an image file; detached on drop.
+pub struct LoopDevice {
+    /// The device node, `/dev/loopN`.
+    pub path: String,
+}
+
+impl LoopDevice {
+    /// Attaches `img`; the error says why it cannot (not root, no free loop device).
+    pub fn attach(img: &Path) -> Result<LoopDevice, String> {
+        if !is_root() {
+            return Err("needs root (losetup)".into());
+        }
+        let path = sh(Command::new("losetup").args(["-f", "--show"]).arg(img))?;
+        Ok(LoopDevice { path })
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.path]).status();
+    }
+}
+
 /// A small ext4 file system on a loop device; unmounted and detached on drop.
 pub struct LoopFs {
     pub dir: tempfile::TempDir,
-    dev: Option<String>,
     mounted: bool,
+    // Dropped after `drop` has unmounted.
+    dev: Option<LoopDevice>,
 }
 
 impl LoopFs {
     pub fn new(size_mib: u64) -> Result<LoopFs, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if !is_root() {
             return Err("needs root (losetup, mount)".into());
         }
         let mut fs = LoopFs {
@@ -57,26 +95,16 @@ impl LoopFs {
             mounted: false,
         };
         let img = fs.dir.path().join("fs.img");
-        let sh = |cmd: &mut Command| -> Result<String, String> {
-            let o = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-            if !o.status.success() {
-                return Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&o.stderr)));
-            }
-            Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
-        };
         fs::File::create(&img)
             .and_then(|f| f.set_len(size_mib << 20))
             .map_err(|e| e.to_string())?;
         sh(Command::new("mkfs.ext4")
             .args(["-q", "-F", "-m", "0"])
             .arg(&img))?;
-        fs.dev = Some(sh(Command::new("losetup")
-            .args(["-f", "--show"])
-            .arg(&img))?);
+        let dev = LoopDevice::attach(&img)?;
         fs::create_dir(fs.mnt()).map_err(|e| e.to_string())?;
-        sh(Command::new("mount")
-            .arg(fs.dev.as_deref().unwrap_or_default())
-            .arg(fs.mnt()))?;
+        sh(Command::new("mount").arg(&dev.path).arg(fs.mnt()))?;
+        fs.dev = Some(dev);
         fs.mounted = true;
         Ok(fs)
     }
@@ -95,9 +123,6 @@ impl Drop for LoopFs {
                 .is_ok_and(|s| s.success())
         {
             let _ = Command::new("umount").arg("-l").arg(self.mnt()).status();
-        }
-        if let Some(dev) = &self.dev {
-            let _ = Command::new("losetup").args(["-d", dev]).status();
         }
     }
 }
