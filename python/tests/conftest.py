@@ -224,6 +224,23 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "ferrio._cli", *args]
 
 
+def interrupt_when(
+    proc: subprocess.Popen[str], ready: Callable[[], None], bound_s: float
+) -> tuple[str, float]:
+    """Once `ready()` returns, send Ctrl-C to `proc`; return its stderr and how long it took to
+    exit. `proc` is killed if `ready` fails or it outlives `bound_s`."""
+    try:
+        ready()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=bound_s)
+        return err, time.monotonic() - t0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+
+
 # ---------------------------------------------------------------------------------------------
 # An Azure Blob service: Azurite where it is installed, else the emulator of azure_blob_server.py
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ case ends within a time bound.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import http.server
 import json
@@ -33,6 +32,7 @@ from conftest import (
     cli,
     files_under,
     in_thread,
+    interrupt_when,
     make_tree,
     remote_data,
     write_all,
@@ -904,21 +904,18 @@ def test_cli_cp_ctrl_c_while_the_store_does_not_answer(s3: Any, tmp_path: Path) 
         ("HEAD", [f"s3://{s3.ferrio_bucket}/slow/0.bin", str(tmp_path / "one.bin")]),
     ]:
         s3.faults.stall = {op}
-        proc = subprocess.Popen(cli("cp", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
+        proc = subprocess.Popen(
+            cli("cp", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+        def asked(op: str = op) -> None:
             deadline = time.monotonic() + BOUND_S
             while s3.faults.seen.get(op, 0) == 0 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert s3.faults.seen.get(op, 0) > 0, f"no {op} reached the server"
             time.sleep(0.3)
-            t0 = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=BOUND_S)
-            took = time.monotonic() - t0
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait()
+
+        err, took = interrupt_when(proc, asked, BOUND_S)
         assert proc.returncode == 130, err
         assert took < 2.0, f"{op}: exit took {took:.2f} s after SIGINT"
         assert list(tmp_path.iterdir()) == []
@@ -1073,17 +1070,12 @@ def test_cli_cp_ctrl_c_during_upload_leaves_nothing(s3: Any, tmp_path: Path) -> 
         stderr=subprocess.PIPE,
         text=True,
     )
-    try:
+
+    def uploading() -> None:
         assert s3.faults.parts_seen.wait(BOUND_S), "no part reached the server"
         time.sleep(0.2)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=BOUND_S)
-        took = time.monotonic() - t0
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        proc.wait()
+
+    err, took = interrupt_when(proc, uploading, BOUND_S)
     assert proc.returncode == 130, err
     assert took < 2.0, f"exit took {took:.2f} s after SIGINT"
     assert _get(s3, "big.bin") is None
