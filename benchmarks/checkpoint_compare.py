@@ -39,8 +39,11 @@ try:
             for f in files:
                 out.update(load_file(f, device=device))
             return out
-    elif loader == "ferrio":
+    elif loader in ("ferrio", "ferrio-one-slab"):
         from ferrio.safetensors.torch import load_file
+        if loader == "ferrio-one-slab":  # one allocation for the whole load (before slabs)
+            import ferrio.safetensors as fst
+            fst._FIRST_SLAB_BYTES = fst._SLAB_BYTES = 1 << 62
         def load():
             return load_file(files if len(files) > 1 else files[0], device=device)
     elif loader == "fastsafetensors":
@@ -148,19 +151,28 @@ def drop_caches() -> bool:
         return False
 
 
+# name -> (block size, iodepth, jobs). With several jobs each reads its own contiguous stripe
+# of the file (a 1/jobs share, one after the other), as fastsafetensors' 16 threads do.
 FIO_SHAPES = {
-    "fio O_DIRECT bs 1 MiB iodepth 32": ("1M", 32),
-    "fio O_DIRECT bs 16 MiB iodepth 8": ("16M", 8),
+    "fio O_DIRECT bs 1 MiB iodepth 32": ("1M", 32, 1),
+    "fio O_DIRECT bs 16 MiB iodepth 8": ("16M", 8, 1),
+    "fio O_DIRECT bs 16 MiB iodepth 16": ("16M", 16, 1),
+    "fio O_DIRECT bs 16 MiB, 16 jobs of one stripe each": ("16M", 1, 16),
 }
 
 
 def run_fio(fio: str, shape: str, files: list[str]) -> dict:
-    """The disk's yardstick on the checkpoint's own files: fio io_uring O_DIRECT, one job
-    reading every file once (cold), timed like a loader (seconds for all file bytes)."""
-    bs, depth = FIO_SHAPES[shape]
+    """The disk's yardstick on the checkpoint's own files: fio io_uring O_DIRECT reading every
+    file once (cold), timed like a loader (seconds for all file bytes)."""
+    bs, depth, jobs = FIO_SHAPES[shape]
     cmd = [fio, "--name=ckpt", f"--filename={':'.join(files)}", "--rw=read", f"--bs={bs}",
-           f"--iodepth={depth}", "--ioengine=io_uring", "--direct=1", "--numjobs=1",
-           "--output-format=json"]  # fmt: skip
+           f"--iodepth={depth}", "--ioengine=io_uring", "--direct=1", f"--numjobs={jobs}",
+           "--group_reporting", "--output-format=json"]  # fmt: skip
+    if jobs > 1:
+        if len(files) > 1:
+            return {"error": "the striped shape reads one file"}
+        stripe = -(-os.path.getsize(files[0]) // jobs // (16 << 20)) * (16 << 20)
+        cmd += [f"--size={stripe}", f"--offset_increment={stripe}"]
     t = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     secs = time.perf_counter() - t
@@ -168,7 +180,10 @@ def run_fio(fio: str, shape: str, files: list[str]) -> dict:
         return {"error": (out.stderr.strip().splitlines() or ["fio failed"])[-1]}
     job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]["read"]
     # fio's own clock (runtime in ms) leaves out its start-up; the loaders' clocks start late too.
-    return {"seconds": job["runtime"] / 1000 or secs, "peak_gpu_bytes": 0}
+    # Striped jobs may together read past the end by less than a stripe: scaled to the file.
+    seconds = job["runtime"] / 1000 or secs
+    return {"seconds": seconds * sum(map(os.path.getsize, files)) / job["io_bytes"],
+            "peak_gpu_bytes": 0}  # fmt: skip
 
 
 def run_child(loader: str, device: str, files: list[str]) -> dict:

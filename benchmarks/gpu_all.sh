@@ -4,7 +4,7 @@
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
 #   bash benchmarks/gpu_all.sh [STEP...]
-#   steps: tests memory contention sweep compare checkpoint policy cligpu firstcall save remote multigpu
+#   steps: tests memory contention sweep compare checkpoint parts policy cligpu firstcall save remote multigpu
 #          multickpt multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
@@ -104,6 +104,16 @@ timeout "${CKPT_TIMEOUT:-420}" python3 benchmarks/checkpoint_compare.py --dir /r
   ${CKPT_LOADERS:+--loaders "$CKPT_LOADERS"} ${CKPT_WARM:+--warm-loaders "$CKPT_WARM"} \
   ${CKPT_COLD:+--cold-loaders "$CKPT_COLD"} --fio "$ROOT/.carry/bin/fio" >"$LOGS/checkpoint_compare.log" 2>&1
 cat "$LOGS/checkpoint_compare.log" | tail -30 | tee -a "$S"
+fi
+
+if want parts; then
+step warm-load-parts
+# Where a warm load_file onto the GPU spends its time: the load, its header, the allocation and
+# the bare read, each in fresh processes (benchmarks/warm_load_parts.py).
+python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import checkpoint_compare as c; c.make_checkpoints('/root/ferrio-ckpt', 'single')" >>"$S" 2>&1
+timeout "${PARTS_TIMEOUT:-240}" python3 benchmarks/warm_load_parts.py /root/ferrio-ckpt/single/model.safetensors \
+  --rounds "${PARTS_ROUNDS:-4}" >"$LOGS/warm_load_parts.log" 2>&1
+grep -v "^#" "$LOGS/warm_load_parts.log" | tee -a "$S"
 fi
 
 if want firstcall; then
