@@ -39,11 +39,8 @@ try:
             for f in files:
                 out.update(load_file(f, device=device))
             return out
-    elif loader in ("ferrio", "ferrio-one-slab"):
+    elif loader == "ferrio":
         from ferrio.safetensors.torch import load_file
-        if loader == "ferrio-one-slab":  # one allocation for the whole load (before slabs)
-            import ferrio.safetensors as fst
-            fst._FIRST_SLAB_BYTES = fst._SLAB_BYTES = 1 << 62
         def load():
             return load_file(files if len(files) > 1 else files[0], device=device)
     elif loader == "fastsafetensors":
@@ -167,11 +164,12 @@ def run_fio(fio: str, shape: str, files: list[str]) -> dict:
     bs, depth, jobs = FIO_SHAPES[shape]
     cmd = [fio, "--name=ckpt", f"--filename={':'.join(files)}", "--rw=read", f"--bs={bs}",
            f"--iodepth={depth}", "--ioengine=io_uring", "--direct=1", f"--numjobs={jobs}",
-           "--group_reporting", "--output-format=json"]  # fmt: skip
+           "--group_reporting", "--readonly", "--output-format=json"]  # fmt: skip
     if jobs > 1:
         if len(files) > 1:
             return {"error": "the striped shape reads one file"}
-        stripe = -(-os.path.getsize(files[0]) // jobs // (16 << 20)) * (16 << 20)
+        # Rounded down: a stripe past the end would make fio lay the file out anew (a write).
+        stripe = os.path.getsize(files[0]) // jobs // (16 << 20) * (16 << 20)
         cmd += [f"--size={stripe}", f"--offset_increment={stripe}"]
     t = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -180,7 +178,7 @@ def run_fio(fio: str, shape: str, files: list[str]) -> dict:
         return {"error": (out.stderr.strip().splitlines() or ["fio failed"])[-1]}
     job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]["read"]
     # fio's own clock (runtime in ms) leaves out its start-up; the loaders' clocks start late too.
-    # Striped jobs may together read past the end by less than a stripe: scaled to the file.
+    # Striped jobs leave less than a block per stripe unread: their rate is scaled to the file.
     seconds = job["runtime"] / 1000 or secs
     return {"seconds": seconds * sum(map(os.path.getsize, files)) / job["io_bytes"],
             "peak_gpu_bytes": 0}  # fmt: skip

@@ -5,7 +5,6 @@ Each part is timed in a fresh Python process whose CUDA context exists before th
 checkpoint page-cache warm, parts alternating round by round, medians in milliseconds:
 
 - ``load``: the whole ``load_file(path, device=...)``, as ``checkpoint_compare.py`` times it;
-- ``load1``: the same with the whole load in one allocation (as before slabs);
 - ``header``: ``safe_open`` and ``close`` alone (open, read and check the header);
 - ``alloc``: ``torch.empty`` of the data section's size on the device, one allocation;
 - ``alloc8``: the same bytes as 8 allocations;
@@ -25,7 +24,7 @@ import statistics
 import subprocess
 import sys
 
-PARTS = ["load", "load1", "header", "alloc", "alloc8", "read"]
+PARTS = ["load", "header", "alloc", "alloc8", "read"]
 
 CHILD = r"""
 import json, sys, time, torch
@@ -41,9 +40,7 @@ if part == "read":
     f = ferrio.open(path); buf = torch.empty(size, dtype=torch.uint8, device=device)
     torch.cuda.synchronize()
 t = time.perf_counter()
-if part == "load1":
-    ferrio.safetensors._FIRST_SLAB_BYTES = ferrio.safetensors._SLAB_BYTES = 1 << 62
-if part in ("load", "load1"):
+if part == "load":
     out = load_file(path, device=device)
 elif part == "header":
     ferrio.safetensors.safe_open(path, "pt", device).close()
@@ -96,7 +93,7 @@ def main() -> None:
     print(f"data section {gib:.2f} GiB; medians of {args.rounds} fresh processes, ms:")
     for p in PARTS:
         if p in med:
-            rate = f"  ({gib / med[p] * 1e3:.2f} GiB/s)" if p in ("load", "load1", "read") else ""
+            rate = f"  ({gib / med[p] * 1e3:.2f} GiB/s)" if p in ("load", "read") else ""
             print(f"  {p:7s} {med[p]:8.2f}{rate}")
     if "load" in med and "read" in med:
         print(f"  load - read = {med['load'] - med['read']:.2f} ms")

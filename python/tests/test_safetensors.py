@@ -314,45 +314,6 @@ def test_streaming_reads_small_neighbours_together(tmp_path, monkeypatch):
     assert len(rec.reads) <= 4, rec.reads
 
 
-def owner(a: np.ndarray) -> np.ndarray:
-    """The array that owns `a`'s memory."""
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
-
-
-def test_a_load_comes_in_slabs_cut_at_tensor_boundaries(tmp_path, monkeypatch):
-    """With slabs of 1 KiB, then 2, capped at 4: tensors of one slab share its memory, tensors
-    of different slabs do not, a tensor larger than the cap is a slab of its own, and every
-    byte is right, loaded whole and streamed, misaligned tensors too."""
-    monkeypatch.setattr(fs, "_FIRST_SLAB_BYTES", 1 << 10)
-    monkeypatch.setattr(fs, "_SLAB_BYTES", 4 << 10)
-    d = {f"t{i:02d}": sample("float32", (64,), i) for i in range(40)}  # 256 bytes each
-    d["t20"] = sample("float32", (2048,), 99)  # 8 KiB: beyond the cap
-    p = tmp_path / "m.safetensors"
-    sn.save_file(d, p)
-
-    def same_slab(a: str, b: str) -> bool:
-        return owner(got[a]) is owner(got[b])
-
-    for got in (fsn.load_file(p), dict(fs.safe_open(p, "numpy").tensors())):
-        assert_same(got, d)
-        assert same_slab("t00", "t03")  # the first slab: 4 x 256 bytes
-        assert not same_slab("t03", "t04")  # the second starts at t04
-        assert same_slab("t04", "t11")  # 2 KiB: t04..t11
-        assert not same_slab("t11", "t12")
-        assert not same_slab("t19", "t20")  # t20 alone
-        assert not same_slab("t20", "t21")
-        assert same_slab("t21", "t36")  # then 4 KiB slabs
-    misaligned = tmp_path / "odd.safetensors"
-    write_raw(misaligned, {"a": {"dtype": "U8", "shape": [1500], "data_offsets": [0, 1500]},
-                           "b": {"dtype": "F64", "shape": [5], "data_offsets": [1500, 1540]}},
-              0, d["t20"].tobytes()[:1500] + d["t01"].tobytes()[:40])  # fmt: skip
-    got = fsn.load_file(misaligned)
-    assert got["a"].tobytes() == d["t20"].tobytes()[:1500]
-    assert got["b"].tobytes() == d["t01"].tobytes()[:40] and got["b"].flags.aligned
-
-
 def test_get_slice_reads_only_needed_rows(tmp_path, monkeypatch):
     w = sample("float32", (1000, 64), 4)
     p = tmp_path / "m.safetensors"

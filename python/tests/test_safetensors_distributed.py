@@ -147,9 +147,9 @@ def run_ranks(
     real_start = REAL_START
     owner = threading.local()
 
-    def start(self: Any, slab: Any, runs: Any) -> Any:
+    def start(self: Any, runs: Any) -> Any:
         groups[owner.rank].started += [r for r in runs if r[2] > r[1]]
-        return real_start(self, slab, runs)
+        return real_start(self, runs)
 
     monkeypatch.setattr(st._Load, "start", start)
     out: list[Any] = [None] * world

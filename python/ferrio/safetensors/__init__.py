@@ -20,15 +20,13 @@ swapping the import is the whole migration. On top of that:
   each reads only its 1/W share from storage, the rest exchanged in place over the group (see
   :class:`safe_open`).
 
-Ownership: a load allocates the bytes it selects in a few ``uint8`` buffers, slabs cut at tensor
-boundaries (the first of at most 256 MiB, each next up to twice the last, at most 2 GiB; a
-larger tensor has a slab of its own), plus at most 7 bytes per contiguous run, to keep each
-tensor at its file alignment, and with a process group at most W - 1 bytes to divide the one
-slab it then uses among W ranks. Every tensor returned is a view of its slab: a slab lives while
-any tensor in it lives, and freeing one tensor frees nothing until the last one of its slab is
-gone (copy with ``.clone()``/``.copy()`` to keep a few tensors of a big load). A tensor whose
-bytes are not aligned to its element size in the file is the exception: it is copied into
-memory of its own. ``get_tensor`` and ``get_slice``
+Ownership: a load allocates ONE ``uint8`` buffer per call for all the bytes it selects (plus at
+most 7 bytes per contiguous run, to keep each tensor at its file alignment, and with a process
+group at most W - 1 bytes to divide it among W ranks), and every tensor returned is a view of
+it: the buffer lives while any tensor of that load lives, and freeing one tensor frees nothing
+until the last one is gone (copy with ``.clone()``/``.copy()`` to keep a few tensors of a big
+load). A tensor whose bytes are not aligned to its element size in the
+file is the exception: it is copied into memory of its own. ``get_tensor`` and ``get_slice``
 return tensors with their own buffer. Nothing is ever overwritten: ``save_file`` writes under a
 temporary name in the target's directory and renames it into place only once every byte is
 written.
@@ -85,10 +83,6 @@ _STREAM_WINDOW_BYTES = 256 << 20
 # `safe_open.tensors()`: one read per tensor cost ~29 us each (50,000 tensors of 4 KiB: 1.45 s
 # against 0.44 s for the whole file at once).
 _STREAM_BATCH_BYTES = 4 << 20
-# A load's slabs (see the module's ownership note and `_Load`): the first is small, so the
-# first reads start early, and each next one is allocated while the reads into the last run.
-_FIRST_SLAB_BYTES = 256 << 20
-_SLAB_BYTES = 2 << 30
 
 # Numbers the temporary files of `save_file`, so that threads saving to one name at once each
 # write their own (`next` on a count is atomic under the GIL).
@@ -305,51 +299,11 @@ def _layout(tensors: list[_Tensor]) -> tuple[list[_Run], dict[str, int], int]:
     return runs, at, size
 
 
-class _Slab:
-    """Tensors that share one allocation, and the file runs that fill it.
-
-    With `world` ranks sharing the load the allocation is padded to a multiple of `world` bytes
-    (`piece` bytes per rank); the padding is never part of a view.
-    """
-
-    def __init__(self, tensors: list[_Tensor], world: int = 1) -> None:
-        self.tensors = tensors
-        self.runs, self.at, size = _layout(tensors)
-        self.padded, self.piece = _dist.shares(size, world)
-        self.buf: Any = None
-
-
-def _slabs(tensors: list[_Tensor], first: int, most: int) -> list[list[_Tensor]]:
-    """Cut `tensors` (in file order) into slabs of consecutive tensors.
-
-    The first slab holds up to `first` bytes, each next up to twice the last, at most `most`; a
-    tensor larger than that is a slab of its own.
-    """
-    slabs: list[list[_Tensor]] = []
-    size = cap = 0
-    for t in tensors:
-        if slabs and size + t.nbytes <= cap:
-            slabs[-1].append(t)
-            size += t.nbytes
-        else:
-            cap = first if not slabs else min(2 * cap, most)
-            slabs.append([t])
-            size = t.nbytes
-    return slabs
-
-
-def _settle(futures: list[ferrio.IOFuture]) -> None:
-    """Wait for every read of `futures` to end, whatever its outcome: their buffers may then go."""
-    for f in futures:
-        f.exception()
-
-
 class _Load:
-    """The slabs for a set of tensors, and the reads that fill them (all files at once).
+    """One buffer for a set of tensors, and the reads that fill it (all files at once).
 
-    A slab is allocated when its first read starts, so the reads into one slab run while the
-    next is allocated: a fresh process's first large GPU allocation costs milliseconds per GiB.
-    With `world` ranks sharing the load there is one slab, whose bytes the ranks divide.
+    With `world` ranks sharing the load the buffer is padded to a multiple of `world` bytes
+    (`piece` bytes per rank); the padding is never part of a view.
     """
 
     def __init__(
@@ -357,43 +311,22 @@ class _Load:
     ) -> None:
         self.fw = fw
         self.files = ckpt.handles
-        groups = [tensors] if world > 1 else _slabs(tensors, _FIRST_SLAB_BYTES, _SLAB_BYTES)
-        self.slabs = [_Slab(g, world) for g in groups]
-        self.slab_of = {t.name: s for s in self.slabs for t in s.tensors}
+        self.runs, self.at, size = _layout(tensors)
+        padded, self.piece = _dist.shares(size, world)
+        self.buf = fw.empty(padded)
 
-    def start(self, slab: _Slab, runs: Sequence[_Run]) -> list[ferrio.IOFuture]:
-        """Start the reads of `runs` into `slab`, allocating it first if it is not yet.
-
-        If one cannot start, those already started are waited for before the error is raised.
-        """
-        futures: list[ferrio.IOFuture] = []
-        try:
-            if slab.buf is None:
-                slab.buf = self.fw.empty(slab.padded)
-            for path, begin, end, at in runs:
-                if end == begin:
-                    continue
-                target = self.fw.target(slab.buf, at, at + end - begin)
-                futures.append(self.files[path].pread(target, offset=begin))
-        except BaseException:
-            _settle(futures)
-            raise
+    def start(self, runs: Sequence[tuple[str, int, int, int]]) -> list[ferrio.IOFuture]:
+        futures = []
+        for path, begin, end, at in runs:
+            if end == begin:
+                continue
+            f = self.files[path]
+            futures.append(f.pread(self.fw.target(self.buf, at, at + end - begin), offset=begin))
         return futures
 
-    def start_all(self) -> tuple[list[ferrio.IOFuture], list[_Run]]:
-        """Start every slab's reads, slab after slab; return the futures and their runs."""
-        futures: list[ferrio.IOFuture] = []
-        runs: list[_Run] = []
-        try:
-            for slab in self.slabs:
-                futures += self.start(slab, slab.runs)
-                runs += slab.runs
-        except BaseException:
-            _settle(futures)
-            raise
-        return futures, runs
-
-    def wait(self, futures: list[ferrio.IOFuture], runs: Sequence[_Run]) -> None:
+    def wait(
+        self, futures: list[ferrio.IOFuture], runs: Sequence[tuple[str, int, int, int]]
+    ) -> None:
         got = ferrio.wait(futures)
         want = [end - begin for _, begin, end, _ in runs if end > begin]
         for (path, begin, _, _), g, w in zip(
@@ -403,9 +336,8 @@ class _Load:
                 raise _truncated(path, g, w, begin)
 
     def view(self, t: _Tensor) -> Any:
-        slab = self.slab_of[t.name]
-        at = slab.at[t.name]
-        return self.fw.view(slab.buf, at, at + t.nbytes, t.dtype, t.shape)
+        at = self.at[t.name]
+        return self.fw.view(self.buf, at, at + t.nbytes, t.dtype, t.shape)
 
 
 def _truncated(path: str, got: int, want: int, begin: int) -> SafetensorError:
@@ -434,7 +366,7 @@ def _load(fw: Framework, ckpt: _Checkpoint, tensors: list[_Tensor]) -> dict[str,
     for t in tensors:
         fw.check_dtype(t.name, t.dtype)
     load = _Load(fw, ckpt, tensors)
-    load.wait(*load.start_all())
+    load.wait(load.start(load.runs), load.runs)
     return {t.name: load.view(t) for t in tensors}
 
 
@@ -450,10 +382,9 @@ def _load_shared(
     load: _Load | None = None
     try:
         load = _Load(fw, ckpt, tensors, group.world)
-        slab = load.slabs[0]
-        lo = group.rank * slab.piece
-        mine = _dist.rank_runs(slab.runs, lo, lo + slab.piece)
-        load.wait(load.start(slab, mine), mine)
+        lo = group.rank * load.piece
+        mine = _dist.rank_runs(load.runs, lo, lo + load.piece)
+        load.wait(load.start(mine), mine)
     except Exception as e:  # told to every rank below, then raised here
         err = e
     why = _dist.read_failure(group.all_gather_bytes(b"\x01" if err is not None else b"\x00"))
@@ -462,8 +393,7 @@ def _load_shared(
     if why is not None:
         raise SafetensorError(why)
     assert load is not None  # err is None, so the load was made
-    slab = load.slabs[0]
-    group.exchange(slab.buf, slab.piece)
+    group.exchange(load.buf, load.piece)
     return {t.name: load.view(t) for t in tensors}
 
 
@@ -674,17 +604,17 @@ class safe_open:  # the name of safetensors' class
         for t in ts:
             self._fw.check_dtype(t.name, t.dtype)
         load = _Load(self._fw, ckpt, ts)
-        batches = [(s, b) for s in load.slabs for b in _batches(s.tensors, _STREAM_BATCH_BYTES)]
+        batches = _batches(ts, _STREAM_BATCH_BYTES)
         pending: deque[tuple[list[_Tensor], list[ferrio.IOFuture], _Run]] = deque()
         in_flight = 0
         try:
             i = 0
             while i < len(batches) or pending:
                 while i < len(batches) and (in_flight < _STREAM_WINDOW_BYTES or not pending):
-                    slab, batch = batches[i]
+                    batch = batches[i]
                     first, last = batch[0], batch[-1]
-                    run = (first.path, first.begin, last.end, slab.at[first.name])
-                    pending.append((batch, load.start(slab, [run]), run))
+                    run = (first.path, first.begin, last.end, load.at[first.name])
+                    pending.append((batch, load.start([run]), run))
                     in_flight += last.end - first.begin
                     i += 1
                 batch, futures, run = pending.popleft()
@@ -693,7 +623,8 @@ class safe_open:  # the name of safetensors' class
                 for t in batch:
                     yield t.name, load.view(t)
         finally:
-            _settle([f for _, fs, _ in pending for f in fs])
+            if pending:
+                ferrio.wait([f for _, fs, _ in pending for f in fs])
 
 
 def _batches(ts: list[_Tensor], most: int) -> list[list[_Tensor]]:
