@@ -13,6 +13,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use object_store::path::Path;
 use object_store::{MultipartUpload, ObjectStore, ObjectStoreScheme, PutPayload};
@@ -567,9 +568,14 @@ const S3_MAX_COPY: u64 = 5 << 30;
 /// object that large in one request; `Ok(false)` otherwise, so the caller streams the bytes
 /// instead (S3 copies at most 5 GiB at once: a larger `CopyObject` fails).
 ///
+/// Azure may answer a copy `pending` and finish it later: then the destination's properties
+/// are read again, at growing intervals, until the copy is done, so that `Ok(true)` always means
+/// the destination is complete. A copy that ends `failed` or `aborted`, or that makes no
+/// progress for [`Settings::remote_timeout`], is an error and its destination is deleted.
+///
 /// # Errors
 /// [`Error::InvalidArgument`] for a malformed URL; [`Error::Io`] naming `from` (not found,
-/// denied) or `to` for another failure.
+/// denied) or `to` for another failure, a failed Azure copy included.
 pub fn copy_in_store(from: &str, to: &str, len: u64) -> Result<bool> {
     let (src, dst) = (store::parse(from)?, store::parse(to)?);
     let same = src.scheme == dst.scheme
@@ -580,11 +586,11 @@ pub fn copy_in_store(from: &str, to: &str, len: u64) -> Result<bool> {
     if !same || too_large {
         return Ok(false);
     }
-    let store = store::build(&src)?;
+    let settings = Settings::current();
+    let store = store::build_with(&src, &settings)?;
     let handle = runtime::handle()?;
-    handle
-        .block_on(store.copy(&src.path, &dst.path))
-        .map_err(|e| {
+    let copy = async {
+        store.copy(&src.path, &dst.path).await.map_err(|e| {
             let not_found = matches!(e, object_store::Error::NotFound { .. });
             Error::Io {
                 op: Op::Write,
@@ -593,8 +599,136 @@ pub fn copy_in_store(from: &str, to: &str, len: u64) -> Result<bool> {
                 len: 0,
                 source: store::io_error(e),
             }
-        })?;
+        })
+    };
+    if src.scheme != ObjectStoreScheme::MicrosoftAzure {
+        handle.block_on(copy)?;
+        return Ok(true);
+    }
+    let pending = PendingCopy {
+        store: store.as_ref(),
+        path: &dst.path,
+        from,
+        to,
+        stall: settings.remote_timeout,
+    };
+    handle.block_on(store::watching_azure_copies(async {
+        copy.await?;
+        pending.wait().await
+    }))?;
     Ok(true)
+}
+
+/// First wait between two reads of a pending Azure copy's properties; it doubles each time.
+const COPY_POLL_FIRST: Duration = Duration::from_millis(50);
+
+/// Longest wait between two reads of a pending Azure copy's properties.
+const COPY_POLL_MAX: Duration = Duration::from_secs(2);
+
+/// An Azure copy just made inside [`store::watching_azure_copies`], to be waited for.
+struct PendingCopy<'a> {
+    store: &'a dyn ObjectStore,
+    path: &'a Path,
+    from: &'a str,
+    to: &'a str,
+    /// Longest time the copy may go without progress.
+    stall: Duration,
+}
+
+impl PendingCopy<'_> {
+    /// Waits until the copy's status is `success`: reads the destination's properties while it
+    /// is `pending`, for as long as its progress moves within `stall`. An answer without a
+    /// status (a service that copies at once and says nothing) is a finished copy.
+    async fn wait(&self) -> Result<()> {
+        let Some(started) = store::take_azure_copy().filter(|c| c.status.is_some()) else {
+            return Ok(());
+        };
+        let mut now = started.clone();
+        let mut moved = Instant::now();
+        let mut pause = COPY_POLL_FIRST;
+        loop {
+            match now.status.as_deref() {
+                Some("success") => return Ok(()),
+                Some("pending") => {}
+                None => {
+                    return Err(self.error(
+                        std::io::ErrorKind::Other,
+                        "the destination was replaced while the copy was pending",
+                        None,
+                    ))
+                }
+                Some(status) => {
+                    let why = now.description.as_deref().unwrap_or("no reason given");
+                    let removed = self.remove().await;
+                    return Err(self.error(
+                        std::io::ErrorKind::Other,
+                        &format!("the copy ended {status} ({why})"),
+                        Some(removed),
+                    ));
+                }
+            }
+            if now.id != started.id {
+                return Err(self.error(
+                    std::io::ErrorKind::Other,
+                    "another copy to the destination started while this one was pending",
+                    None,
+                ));
+            }
+            if moved.elapsed() >= self.stall {
+                let removed = self.remove().await;
+                return Err(self.error(
+                    std::io::ErrorKind::TimedOut,
+                    &format!(
+                        "the copy made no progress in {:?} (see remote_timeout); the store may \
+                         still finish it",
+                        self.stall
+                    ),
+                    Some(removed),
+                ));
+            }
+            tokio::time::sleep(pause.min(self.stall.saturating_sub(moved.elapsed()))).await;
+            pause = (pause * 2).min(COPY_POLL_MAX);
+            self.store.head(self.path).await.map_err(|e| {
+                let source = store::io_error(e);
+                self.error(
+                    source.kind(),
+                    &format!("reading the pending copy's destination: {source}"),
+                    None,
+                )
+            })?;
+            let next = store::take_azure_copy().unwrap_or_default();
+            if next.progress != now.progress {
+                moved = Instant::now();
+            }
+            now = next;
+        }
+    }
+
+    /// Deletes the destination of a copy that did not finish; whether it is gone.
+    async fn remove(&self) -> bool {
+        match self.store.delete(self.path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// The error of a copy that did not finish, naming both URLs, and saying whether its
+    /// destination was deleted (`removed`, where that was tried).
+    fn error(&self, kind: std::io::ErrorKind, what: &str, removed: Option<bool>) -> Error {
+        let (from, to) = (self.from, self.to);
+        let left = match removed {
+            Some(true) => "; the destination was deleted",
+            Some(false) => "; deleting the destination failed: it may be left incomplete",
+            None => "",
+        };
+        Error::Io {
+            op: Op::Write,
+            path: to.into(),
+            offset: 0,
+            len: 0,
+            source: std::io::Error::new(kind, format!("copy from {from} to {to}: {what}{left}")),
+        }
+    }
 }
 
 #[cfg(test)]
