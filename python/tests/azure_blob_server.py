@@ -26,7 +26,7 @@ terminate it.
   conditions ``If-Match && If-Unmodified-Since && (If-None-Match || If-Modified-Since)``,
   answered 412 or 304 when they fail.
 - Delete Blob, and Copy Blob from a blob of this account (done at once: ``x-ms-copy-status:
-  success``).
+  success``), the copy's ``x-ms-copy-*`` properties then given with the destination's.
 
 Errors carry Azure's codes (``x-ms-error-code`` and an XML body). What is not emulated (other
 blob types, conditional writes, leases, snapshots, versions, service-level operations...)
@@ -34,7 +34,12 @@ answers 501 ``NotImplemented`` naming it, never a silent success.
 
 Test hooks, no Azure behaviour: ``--failing-container NAME`` makes every Put Block into that
 container answer 500; ``--page-size N`` is the listing's default ``maxresults`` (Azure's is
-5000), so that a small tree takes several pages.
+5000), so that a small tree takes several pages. Two hooks make copies finish later, as Azure
+may (its Copy Blob is asynchronous, done "on a best-effort basis"): a Copy Blob into the
+container of ``--pending-copy-container NAME`` or ``--failed-copy-container NAME`` answers 202
+with ``x-ms-copy-status: pending`` and leaves the destination half copied (the source's first
+half, zeros after); the `PENDING_READS`-th Get Blob Properties of it then ends the copy,
+``success`` with the whole source in the first container, ``failed`` in the second.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from xml.etree import ElementTree
 
 ACCOUNT = "devstoreaccount1"
+PENDING_READS = 3  # Get Blob Properties of a pending copy's destination until the copy ends
 # The emulator account's published key (not a secret: it is in Azure's and Azurite's docs).
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 VERSION = "2023-11-03"
@@ -170,6 +176,7 @@ class Blob:
     content_type: str
     content_md5: str | None  # base64; Azure computes it for Put Blob, not for a block list
     blocks: list[tuple[str, int]]  # the committed block list (ids and sizes); empty after Put Blob
+    copy: Copy | None = None  # the Copy Blob that made it, if one did
 
     def committed_blocks(self) -> dict[str, bytes]:
         """The bytes of each committed block, by id."""
@@ -178,6 +185,35 @@ class Blob:
         for block_id, size in self.blocks:
             out[block_id] = self.data[offset : offset + size]
             offset += size
+        return out
+
+
+@dataclass
+class Copy:
+    """The Copy Blob that made a blob: its ``x-ms-copy-*`` properties, and for a pending copy
+    what ends it (`reads_left` more Get Blob Properties, then `outcome`, with `data`)."""
+
+    id: str
+    source: str
+    status: str  # success, pending or failed
+    total: int
+    data: bytes  # the source's bytes
+    reads_left: int = 0
+    outcome: str = "success"
+    completed: float | None = None
+
+    def headers(self) -> dict[str, str]:
+        copied = self.total if self.status == "success" else self.total // 2
+        out = {
+            "x-ms-copy-id": self.id,
+            "x-ms-copy-source": self.source,
+            "x-ms-copy-status": self.status,
+            "x-ms-copy-progress": f"{copied}/{self.total}",
+        }
+        if self.completed is not None:
+            out["x-ms-copy-completion-time"] = _http_date(self.completed)
+        if self.status == "failed":
+            out["x-ms-copy-status-description"] = "500 InternalError Copy failed on purpose."
         return out
 
 
@@ -192,10 +228,18 @@ class Container:
 class BlobService:
     """The storage account: its containers, behind one lock."""
 
-    def __init__(self, failing_container: str | None, page_size: int) -> None:
+    def __init__(
+        self,
+        failing_container: str | None,
+        page_size: int,
+        pending_copy_container: str | None = None,
+        failed_copy_container: str | None = None,
+    ) -> None:
         self.containers: dict[str, Container] = {}
         self.lock = threading.Lock()
         self.failing_container = failing_container
+        self.pending_copy_container = pending_copy_container
+        self.failed_copy_container = failed_copy_container
         self.page_size = page_size
         self._last_tick = 0
 
@@ -333,6 +377,7 @@ def _properties(blob: Blob) -> dict[str, str]:
         "x-ms-lease-state": "available",
         "x-ms-lease-status": "unlocked",
         "x-ms-server-encrypted": "true",
+        **(blob.copy.headers() if blob.copy is not None else {}),
     }
 
 
@@ -445,23 +490,39 @@ def list_blobs(service: BlobService, req: Request) -> Answer:
     return Answer(200, {"Content-Type": "application/xml"}, _xml(root))
 
 
+def _read_properties(blob: Blob) -> None:
+    """A Get Blob Properties of `blob`: the last one a pending copy waits for ends it. Call
+    with the lock held."""
+    copy = blob.copy
+    if copy is None or copy.status != "pending":
+        return
+    copy.reads_left -= 1
+    if copy.reads_left <= 0:
+        copy.status, copy.completed = copy.outcome, time.time()
+        if copy.outcome == "success":
+            blob.data = copy.data
+
+
 def get_blob(service: BlobService, req: Request) -> Answer:
     """Get Blob (or, for ``HEAD``, Get Blob Properties): the whole blob 200, a range 206."""
     with service.lock:
         blob = service.blob(req.container, req.blob)
-    _check_conditions(req, blob)
-    headers = _properties(blob)
-    wanted = None if req.method == "HEAD" else _requested_range(req.headers, len(blob.data))
+        _check_conditions(req, blob)
+        if req.method == "HEAD":
+            _read_properties(blob)
+        headers = _properties(blob)
+        data = blob.data
+    wanted = None if req.method == "HEAD" else _requested_range(req.headers, len(data))
     if wanted is None:
         if blob.content_md5 is not None:
             headers["Content-MD5"] = blob.content_md5
-        headers["Content-Length"] = str(len(blob.data))
-        return Answer(200, headers, b"" if req.method == "HEAD" else blob.data)
+        headers["Content-Length"] = str(len(data))
+        return Answer(200, headers, b"" if req.method == "HEAD" else data)
     first, last = wanted
-    headers["Content-Range"] = f"bytes {first}-{last}/{len(blob.data)}"
+    headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
     if blob.content_md5 is not None:
         headers["x-ms-blob-content-md5"] = blob.content_md5
-    return Answer(206, headers, blob.data[first : last + 1])
+    return Answer(206, headers, data[first : last + 1])
 
 
 def put_blob(service: BlobService, req: Request) -> Answer:
@@ -582,9 +643,11 @@ def get_block_list(service: BlobService, req: Request) -> Answer:
 
 
 def copy_blob(service: BlobService, req: Request) -> Answer:
-    """Copy Blob from a blob of this account (``x-ms-copy-source``), done at once."""
+    """Copy Blob from a blob of this account (``x-ms-copy-source``), done at once, or left
+    pending into the hooks' containers (see the module's doc)."""
     _refuse_conditional_write(req)
-    source = urlsplit(req.headers["x-ms-copy-source"]).path.split("/")
+    source_url = req.headers["x-ms-copy-source"]
+    source = urlsplit(source_url).path.split("/")
     if len(source) < 4 or source[1] != ACCOUNT:
         raise _not_emulated("a copy from outside this account")
     with service.lock:
@@ -596,10 +659,18 @@ def copy_blob(service: BlobService, req: Request) -> Answer:
             ) from None
         service.container(req.container)
         etag, modified = service.stamp()
-        blob = Blob(src.data, etag, modified, src.content_type, src.content_md5, [*src.blocks])
+        size = len(src.data)
+        copy = Copy(str(uuid.uuid4()), source_url, "success", size, src.data, completed=modified)
+        data = src.data
+        if req.container in (service.pending_copy_container, service.failed_copy_container):
+            copy.status, copy.completed, copy.reads_left = "pending", None, PENDING_READS
+            if req.container == service.failed_copy_container:
+                copy.outcome = "failed"
+            data = src.data[: size // 2] + bytes(size - size // 2)
+        blob = Blob(data, etag, modified, src.content_type, src.content_md5, [*src.blocks], copy)
         service.commit(req.container, req.blob, blob)
     answer = _written(blob, 202)
-    answer.headers.update({"x-ms-copy-id": str(uuid.uuid4()), "x-ms-copy-status": "success"})
+    answer.headers.update({"x-ms-copy-id": copy.id, "x-ms-copy-status": copy.status})
     return answer
 
 
@@ -787,8 +858,21 @@ def main(argv: list[str] | None = None) -> None:
         default=MAX_RESULTS,
         help=f"List Blobs' default maxresults (Azure's: {MAX_RESULTS})",
     )
+    parser.add_argument(
+        "--pending-copy-container",
+        help="every Copy Blob into this container answers pending and succeeds later",
+    )
+    parser.add_argument(
+        "--failed-copy-container",
+        help="every Copy Blob into this container answers pending and fails later",
+    )
     args = parser.parse_args(argv)
-    service = BlobService(args.failing_container, args.page_size)
+    service = BlobService(
+        args.failing_container,
+        args.page_size,
+        args.pending_copy_container,
+        args.failed_copy_container,
+    )
     BlobServer(("127.0.0.1", args.port), service).serve_forever()
 
 

@@ -247,6 +247,9 @@ def interrupt_when(
 
 AZURE_CONTAINER = "ferrio-test"
 AZURE_FAILING_CONTAINER = "ferrio-failing-blocks"  # the emulator's: every Put Block answers 500
+# The emulator's: a Copy Blob into these answers pending, and succeeds or fails a few reads later.
+AZURE_PENDING_COPY_CONTAINER = "ferrio-pending-copies"
+AZURE_FAILED_COPY_CONTAINER = "ferrio-failed-copies"
 AZURE_PAGE = 3  # the emulator's listing pages: a small tree takes several
 _AZURITE = Path(__file__).resolve().parents[2] / ".tools" / "node_modules" / ".bin" / "azurite-blob"
 
@@ -326,7 +329,8 @@ class AzureService:
 def azure_service_at(where: Path, azurite: str | None) -> Iterator[AzureService]:
     """Azurite (the program `azurite`) or, when that is None, the emulator of
     azure_blob_server.py, on a free port of 127.0.0.1 with its files and log in `where`, until
-    the block ends; with the containers AZURE_CONTAINER and AZURE_FAILING_CONTAINER."""
+    the block ends; with the containers AZURE_CONTAINER, AZURE_FAILING_CONTAINER and the two
+    of copies that end later (whose hooks only the emulator has)."""
     port = free_port()
     if azurite is not None:
         argv = [azurite, "--blobHost", "127.0.0.1", "--blobPort", str(port)]
@@ -335,9 +339,13 @@ def azure_service_at(where: Path, azurite: str | None) -> Iterator[AzureService]
         argv = [sys.executable, str(Path(__file__).with_name("azure_blob_server.py"))]
         argv += ["--port", str(port), "--failing-container", AZURE_FAILING_CONTAINER]
         argv += ["--page-size", str(AZURE_PAGE)]
+        argv += ["--pending-copy-container", AZURE_PENDING_COPY_CONTAINER]
+        argv += ["--failed-copy-container", AZURE_FAILED_COPY_CONTAINER]
     with child_server("the Azure Blob service", argv, port, where / "server.log"):
         service = AzureService(f"http://127.0.0.1:{port}", emulated=azurite is None)
-        for container in (AZURE_CONTAINER, AZURE_FAILING_CONTAINER):
+        containers = [AZURE_CONTAINER, AZURE_FAILING_CONTAINER]
+        containers += [AZURE_PENDING_COPY_CONTAINER, AZURE_FAILED_COPY_CONTAINER]
+        for container in containers:
             status, _, body = service.request("PUT", f"/{container}?restype=container", b"")
             assert status == 201, body
         yield service

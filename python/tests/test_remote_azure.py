@@ -14,10 +14,11 @@ and several with a ragged tail, invisible until closed; a rewrite; an exception 
 ``abort()`` and a failing block leave no blob, and the blocks they left uncommitted (Azure has no
 abort) stay out of the next write of that name; a missing container. Copies: `ferrio.copy` up,
 down and within the container, and of a tree both ways (over several listing pages on the
-emulator); ``ferrio cp`` of a file (one Put Blob, or blocks) and of a tree both ways, and a tree
-upload whose blocks fail. The emulator's own answers (ranges, conditions, signatures, blocks)
-are checked against Azure's documented ones. Tests that need a service failing on purpose use
-the emulator's hook and skip under Azurite.
+emulator), and one that the service finishes later or fails later (Azure's Copy Blob may
+answer `pending`); ``ferrio cp`` of a file (one Put Blob, or blocks) and of a tree both ways,
+and a tree upload whose blocks fail. The emulator's own answers (ranges, conditions, signatures,
+blocks) are checked against Azure's documented ones. Tests that need a service failing on
+purpose use the emulator's hooks and skip under Azurite.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ import numpy as np
 import pytest
 from conftest import (
     AZURE_CONTAINER,
+    AZURE_FAILED_COPY_CONTAINER,
     AZURE_FAILING_CONTAINER,
+    AZURE_PENDING_COPY_CONTAINER,
     BOUND_S,
     PART,
     AzureService,
@@ -401,6 +404,53 @@ def test_azure_copy_tree_up_and_down(
     in_thread(lambda: ferrio.copy(url, out, recursive=True))
     assert files_under(out / "tree") == files
     assert not [p for p in tmp_path.rglob("*") if ".ferrio-" in p.name]
+
+
+def test_azure_copy_within_waits_for_a_pending_copy(az: AzureService) -> None:
+    """Azure may answer a Copy Blob `pending` and finish it later: `ferrio.copy` and `ferrio
+    cp` return only once the destination is whole. The emulator's pending copy leaves the
+    destination half copied until its third Get Blob Properties (checked first, through its
+    REST API)."""
+    _needs_emulator(az)
+    box = AZURE_PENDING_COPY_CONTAINER
+    data = remote_data(PART + 4321, seed=51)
+    az.put("src.bin", data, container=box)
+    source = f"{az.url}/devstoreaccount1/{box}/src.bin"
+    status, headers, _ = az.request("PUT", f"/{box}/raw.bin", b"", {"x-ms-copy-source": source})
+    assert (status, headers["x-ms-copy-status"]) == (202, "pending")
+    half = len(data) // 2
+    assert az.get("raw.bin", container=box) == data[:half] + bytes(len(data) - half)
+    seen = [az.request("HEAD", f"/{box}/raw.bin")[1]["x-ms-copy-status"] for _ in range(3)]
+    assert seen == ["pending", "pending", "success"]
+    assert az.get("raw.bin", container=box) == data
+
+    src, dst = f"az://{box}/src.bin", f"az://{box}/dst.bin"
+    report = in_thread(lambda: ferrio.copy(src, dst))
+    assert report["files"] == 1 and report["bytes"] == len(data)
+    assert az.get("dst.bin", container=box) == data
+    out = _run("cp", src, f"az://{box}/cli-dst.bin")
+    assert out.returncode == 0, out.stderr
+    assert az.get("cli-dst.bin", container=box) == data
+
+
+def test_azure_copy_within_that_fails_later_is_an_error_and_leaves_nothing(
+    az: AzureService,
+) -> None:
+    """A pending copy that ends `failed`: an error naming both URLs, and no destination left."""
+    _needs_emulator(az)
+    box = AZURE_FAILED_COPY_CONTAINER
+    data = remote_data(1000, seed=52)
+    az.put("src.bin", data, container=box)
+    src, dst = f"az://{box}/src.bin", f"az://{box}/dst.bin"
+    with pytest.raises(OSError) as e:
+        in_thread(lambda: ferrio.copy(src, dst))
+    assert e.value.filename == dst
+    assert src in str(e.value) and "ended failed" in str(e.value), str(e.value)
+    assert "Copy failed on purpose" in str(e.value)
+    out = _run("cp", src, f"az://{box}/cli-dst.bin")
+    assert out.returncode != 0
+    assert src in out.stderr and "cli-dst.bin" in out.stderr and "ended failed" in out.stderr
+    assert az.names("", container=box) == ["src.bin"]
 
 
 def test_azure_cli_cp_both_ways(az: AzureService, tmp_path: Path) -> None:

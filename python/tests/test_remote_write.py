@@ -4,8 +4,8 @@ Uploads round-trip at every size around the part size; an upload that fails or i
 leaves no object and no multipart upload behind; ferrio.copy and `ferrio cp` move files between
 local paths and URLs both ways; a failed download leaves no file. A small proxy in front of moto
 injects the failures a real network and a misbehaving server have (any step of an upload
-refused, never answered, cut off mid-body or answered without its ETag; GETs refused). Every
-case ends within a time bound.
+refused, never answered, cut off mid-body or answered without its ETag; a completion done by
+the store whose every answer is lost; GETs refused). Every case ends within a time bound.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ class _Faults:
         self.answer_after: dict[str, list[int]] = {}
         # These lose the connection half-way through the body, this many times.
         self.drop: dict[str, int] = {}
+        # These reach moto, whose answer is lost (the connection closed instead), this many times.
+        self.lose_answer: dict[str, int] = {}
         self.strip_etag = False  # UploadPart's answer comes without its ETag
         self.on_first_part: Callable[[], None] | None = None  # run as the first UploadPart arrives
         # Run once after moto answered a request of this operation, before the answer goes on.
@@ -161,6 +163,14 @@ def _proxy_handler(upstream: str, faults: _Faults) -> type[http.server.BaseHTTPR
                 conn.endheaders(body)
                 resp = conn.getresponse()
                 data = resp.read()
+                with lock:
+                    lose = faults.lose_answer.get(op, 0) > 0
+                    if lose:
+                        faults.lose_answer[op] -= 1
+                if lose:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 with lock:
                     after = faults.after.pop(op, None)
                 if after:
@@ -448,6 +458,37 @@ def test_a_completion_whose_answer_is_lost_is_retried(s3: Any) -> None:
     url = f"s3://{s3.ferrio_bucket}/complete-lost.bin"
     in_thread(lambda: write_all(url, data))
     assert _get(s3, "complete-lost.bin") == data
+    assert _uploads(s3) == []
+
+
+def test_a_completion_done_but_every_answer_lost_is_a_success(s3: Any) -> None:
+    # The store completed the object, but no answer came back, the retry's neither: a HEAD
+    # finds an object of the size written, with another ETag than the object of that size that
+    # was there when the upload began, so it is this upload's.
+    data = remote_data(2 * PART + 5, seed=47)
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="lost.bin", Body=remote_data(len(data), seed=7))
+    s3.faults.lose_answer["CompleteMultipartUpload"] = 100
+    url = f"s3://{s3.ferrio_bucket}/lost.bin"
+    with ferrio.config.set(**FAST_FAIL):
+        in_thread(lambda: write_all(url, data))
+    assert s3.faults.seen["CompleteMultipartUpload"] == 2
+    assert _get(s3, "lost.bin") == data
+    assert _uploads(s3) == []
+
+
+def test_a_completion_never_done_is_an_error_despite_an_object_of_that_size(s3: Any) -> None:
+    # The completion never reaches the store: the object of the size written that is there is
+    # the one that was there before (its ETag), so the upload failed, and it is left alone.
+    data = remote_data(2 * PART + 5, seed=48)
+    old = remote_data(len(data), seed=8)
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="never.bin", Body=old)
+    s3.faults.drop["CompleteMultipartUpload"] = 100
+    url = f"s3://{s3.ferrio_bucket}/never.bin"
+    with ferrio.config.set(**FAST_FAIL), pytest.raises(OSError) as e:
+        in_thread(lambda: write_all(url, data))
+    assert e.value.filename == url
+    assert s3.faults.seen["CompleteMultipartUpload"] == 2
+    assert _get(s3, "never.bin") == old
     assert _uploads(s3) == []
 
 

@@ -6,12 +6,17 @@
 //!
 //! No bytes move here; ranges are `fetch.rs`'s concern.
 
+use std::cell::RefCell;
+use std::future::Future;
 use std::io;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use object_store::aws::AmazonS3Builder;
 use object_store::azure::MicrosoftAzureBuilder;
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
+};
 use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::http::HttpBuilder;
 use object_store::path::Path;
@@ -187,13 +192,6 @@ pub(crate) fn in_flight_cap(loc: &Location, settings: &Settings) -> Arc<Semaphor
     cap
 }
 
-/// Builds the store for `loc` with the settings in force ([`Settings::current`]); see
-/// [`build_with`]. For callers that hold no settings snapshot (a copy inside one store); reads
-/// and writes pass the settings they were opened with.
-pub(crate) fn build(loc: &Location) -> Result<Arc<dyn ObjectStore>> {
-    build_with(loc, &Settings::current())
-}
-
 /// The process environment's variables that start with `prefix`, as lowercase config keys.
 fn env_options(prefix: &str) -> Vec<(String, String)> {
     std::env::vars_os()
@@ -359,6 +357,7 @@ fn build_new(loc: &Location, settings: &Settings) -> Result<Arc<dyn ObjectStore>
             }
             let builder = MicrosoftAzureBuilder::new()
                 .with_client_options(client_options(settings, false))
+                .with_http_connector(AzureConnector)
                 .with_retry(retry_config(settings));
             let builder = configured(builder, opts, |b, key, v| b.with_config(key, v));
             Arc::new(builder.with_url(url).build().map_err(bad)?)
@@ -375,6 +374,79 @@ fn build_new(loc: &Location, settings: &Settings) -> Result<Arc<dyn ObjectStore>
         }
     };
     Ok(store)
+}
+
+/// What an answer from Azure said of the blob's last Copy Blob (its `x-ms-copy-*` headers, see
+/// [`watching_azure_copies`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct AzureCopy {
+    /// `x-ms-copy-id`: which copy.
+    pub id: Option<String>,
+    /// `x-ms-copy-status`: `success`, `pending`, `aborted` or `failed`.
+    pub status: Option<String>,
+    /// `x-ms-copy-status-description`: why a copy failed or is held up.
+    pub description: Option<String>,
+    /// `x-ms-copy-progress`: bytes copied and bytes in all (`copied/total`).
+    pub progress: Option<String>,
+}
+
+tokio::task_local! {
+    /// The `x-ms-copy-*` headers of the last successful answer that a task running inside
+    /// [`watching_azure_copies`] got from an Azure store.
+    static AZURE_COPY: RefCell<Option<AzureCopy>>;
+}
+
+/// Runs `f` with the `x-ms-copy-*` headers of each successful Azure answer it gets kept for
+/// [`take_azure_copy`]: object_store's Copy Blob returns nothing of them, and its `head` only
+/// the size, date and ETag, yet Azure may answer a copy `pending` and finish it later. The
+/// requests stay object_store's own (signed and retried by it); [`AzureConnector`] only reads
+/// the answers.
+pub(crate) async fn watching_azure_copies<F: Future>(f: F) -> F::Output {
+    AZURE_COPY.scope(RefCell::new(None), f).await
+}
+
+/// The copy headers of the last Azure answer inside [`watching_azure_copies`], forgotten here;
+/// `None` when no answer came since (or outside it).
+pub(crate) fn take_azure_copy() -> Option<AzureCopy> {
+    AZURE_COPY.try_with(|seen| seen.take()).ok().flatten()
+}
+
+/// object_store's HTTP client for Azure, with [`AzureCopyWatch`] reading the answers.
+#[derive(Debug)]
+struct AzureConnector;
+
+impl HttpConnector for AzureConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let inner = ReqwestConnector::default().connect(options)?;
+        Ok(HttpClient::new(AzureCopyWatch(inner)))
+    }
+}
+
+/// Passes every request on unchanged; inside [`watching_azure_copies`] it keeps the copy
+/// headers of each successful answer.
+#[derive(Debug)]
+struct AzureCopyWatch(HttpClient);
+
+#[async_trait::async_trait]
+impl HttpService for AzureCopyWatch {
+    async fn call(&self, req: HttpRequest) -> std::result::Result<HttpResponse, HttpError> {
+        let answer = self.0.execute(req).await?;
+        if answer.status().is_success() {
+            let header = |name: &str| {
+                let value = answer.headers().get(name)?.to_str().ok()?;
+                Some(value.to_owned())
+            };
+            let copy = AzureCopy {
+                id: header("x-ms-copy-id"),
+                status: header("x-ms-copy-status"),
+                description: header("x-ms-copy-status-description"),
+                progress: header("x-ms-copy-progress"),
+            };
+            // Outside `watching_azure_copies` there is no one to tell.
+            let _ = AZURE_COPY.try_with(|seen| seen.replace(Some(copy)));
+        }
+        Ok(answer)
+    }
 }
 
 /// The [`io::Error`] for a failed store call, of the kind a local file's error would have (not

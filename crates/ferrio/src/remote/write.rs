@@ -13,9 +13,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use object_store::path::Path;
-use object_store::{MultipartUpload, ObjectStore, ObjectStoreScheme, PutPayload};
+use object_store::{MultipartUpload, ObjectMeta, ObjectStore, ObjectStoreScheme, PutPayload};
 use tokio::runtime::Handle;
 use tokio::task::JoinSet;
 
@@ -91,6 +92,9 @@ pub struct RemoteWriter {
     pending: Vec<u8>,
     /// The multipart upload, started when the first part is full.
     upload: Option<Box<dyn MultipartUpload>>,
+    /// What the destination held when the upload started (a `HEAD` sent alongside), to tell
+    /// the object this upload completes from an older one ([`RemoteWriter::completed_anyway`]).
+    found: Option<tokio::task::JoinHandle<object_store::Result<ObjectMeta>>>,
     /// Parts in flight.
     parts: JoinSet<object_store::Result<()>>,
     written: u64,
@@ -174,6 +178,7 @@ impl RemoteWriter {
             concurrency: settings.remote_concurrency.max(1),
             pending: Vec::new(),
             upload: None,
+            found: None,
             parts: JoinSet::new(),
             written: 0,
             state: State::Open,
@@ -260,6 +265,7 @@ impl RemoteWriter {
         self.pending = Vec::new();
         std::mem::forget(std::mem::take(&mut self.parts));
         std::mem::forget(self.upload.take());
+        std::mem::forget(self.found.take());
     }
 
     fn check_open(&self) -> Result<()> {
@@ -424,6 +430,8 @@ impl RemoteWriter {
             let path = self.path.clone();
             let upload = self.block_on(async move { store.put_multipart(&path).await })?;
             self.upload = Some(upload);
+            let (store, path) = (self.store.clone(), self.path.clone());
+            self.found = Some(self.handle.spawn(async move { store.head(&path).await }));
         }
         self.wait_for_parts(self.parts_in_flight() - 1)?;
         if let Some(upload) = self.upload.as_mut() {
@@ -458,8 +466,14 @@ impl RemoteWriter {
     /// (or, for an object of less than one part, the whole of it sent in one `PUT`). Returns
     /// the object's size.
     ///
+    /// A completion whose answers were all lost (the store may have completed the object) is
+    /// checked with a `HEAD`: an object of the size written that was not there when the upload
+    /// started (another ETag) is this upload's, and the close succeeds.
+    ///
     /// # Errors
-    /// As [`RemoteWriter::write`]; the upload is aborted and no object is created.
+    /// As [`RemoteWriter::write`]; the upload is aborted and no object is created. Where the
+    /// completion got no answer and the store could not be asked again, the error says that
+    /// whether the object exists is unknown.
     pub fn close(&mut self) -> Result<u64> {
         self.check_open()?;
         let done = self.complete();
@@ -482,7 +496,7 @@ impl RemoteWriter {
         self.wait_for_parts(0)?;
         let mut upload = self.upload.take();
         let result = match upload.as_mut() {
-            Some(u) => self.block_on(u.complete()).map(|_| ()),
+            Some(u) => self.finish(u),
             None => Ok(()),
         };
         if result.is_err() {
@@ -490,6 +504,96 @@ impl RemoteWriter {
             self.upload = upload;
         }
         result
+    }
+
+    /// Completes the multipart upload. A completion that failed with its outcome open (no
+    /// answer, a 5xx to the last retry, the upload not found when asked again: the store may
+    /// have completed the object and lost every answer) is checked with a `HEAD`
+    /// ([`RemoteWriter::completed_anyway`]); a refusal (denied, a failed precondition) is not.
+    fn finish(&mut self, upload: &mut Box<dyn MultipartUpload>) -> Result<()> {
+        use object_store::Error as E;
+        let cancelled = || self.is_cancelled();
+        let error = match self
+            .handle
+            .block_on(runtime::unless_cancelled(upload.complete(), cancelled))
+        {
+            None => return Err(Error::Cancelled),
+            Some(Ok(_)) => return Ok(()),
+            Some(Err(e)) => e,
+        };
+        let refused = matches!(
+            error,
+            E::PermissionDenied { .. }
+                | E::Unauthenticated { .. }
+                | E::Precondition { .. }
+                | E::AlreadyExists { .. }
+                | E::NotModified { .. }
+        );
+        let source = store::io_error(error);
+        if refused {
+            return Err(self.error(self.written, 0, source));
+        }
+        match self.completed_anyway() {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(self.error(self.written, 0, source)),
+            Err(why) => Err(self.error(
+                self.written,
+                0,
+                std::io::Error::new(
+                    source.kind(),
+                    format!(
+                        "{source}; the store did not confirm the completion and {why}, so \
+                         whether this upload's object now exists is unknown"
+                    ),
+                ),
+            )),
+        }
+    }
+
+    /// After a completion whose outcome is open: whether the object now under the name is this
+    /// upload's, by a `HEAD`: of exactly the bytes written, with an ETag, another than the one
+    /// the destination had when the upload started (or with none there then), and, for an S3
+    /// multipart ETag (`"…-N"`), of as many parts as were sent. An error says why that cannot
+    /// be told: the `HEAD` failed, or the object has no ETag, or what the destination held at
+    /// the start is unknown (its `HEAD` failed or is still unanswered) while an object of the
+    /// size written is there.
+    fn completed_anyway(&mut self) -> std::result::Result<bool, &'static str> {
+        use object_store::Error as E;
+        // Some(None): nothing was there; Some(Some(tag)): an object with that ETag.
+        let before = match self.found.take() {
+            Some(found) if found.is_finished() => match self.handle.block_on(found) {
+                Ok(Ok(meta)) => meta.e_tag.map(Some),
+                Ok(Err(E::NotFound { .. })) => Some(None),
+                _ => None,
+            },
+            Some(found) => {
+                found.abort();
+                None
+            }
+            None => None,
+        };
+        let (store, path) = (self.store.clone(), self.path.clone());
+        let cancelled = || self.is_cancelled();
+        let head = async move { store.head(&path).await };
+        let meta = match self
+            .handle
+            .block_on(runtime::unless_cancelled(head, cancelled))
+        {
+            Some(Ok(meta)) => meta,
+            Some(Err(E::NotFound { .. })) => return Ok(false),
+            None | Some(Err(_)) => return Err("could not be asked whether the object exists"),
+        };
+        if meta.size != self.written {
+            return Ok(false);
+        }
+        let Some(tag) = meta.e_tag.as_deref() else {
+            return Err("gives the object of the size written no ETag to tell it by");
+        };
+        match before {
+            Some(Some(old)) if old == tag => Ok(false),
+            Some(_) => Ok(parts_agree(tag, self.parts_sent)),
+            None => Err("an object of the size written is there, but perhaps from before"),
+        }
     }
 
     /// On an error, aborts the upload and passes the error on.
@@ -558,6 +662,17 @@ impl Drop for RemoteWriter {
     }
 }
 
+/// Whether an ETag agrees with an object of `parts` parts: an S3 multipart ETag (`"md5-N"`)
+/// must say `N`; any other form says nothing of parts, and agrees.
+fn parts_agree(tag: &str, parts: usize) -> bool {
+    match tag.trim_matches('"').rsplit_once('-') {
+        Some((_, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            n.parse() == Ok(parts)
+        }
+        _ => true,
+    }
+}
+
 /// Largest object S3 copies in one request (`CopyObject`); a larger one must be copied in
 /// parts, which object_store does not do, so ferrio streams it.
 const S3_MAX_COPY: u64 = 5 << 30;
@@ -567,9 +682,14 @@ const S3_MAX_COPY: u64 = 5 << 30;
 /// object that large in one request; `Ok(false)` otherwise, so the caller streams the bytes
 /// instead (S3 copies at most 5 GiB at once: a larger `CopyObject` fails).
 ///
+/// Azure may answer a copy `pending` and finish it later: then the destination's properties
+/// are read again, at growing intervals, until the copy is done, so that `Ok(true)` always means
+/// the destination is complete. A copy that ends `failed` or `aborted`, or that makes no
+/// progress for [`Settings::remote_timeout`], is an error and its destination is deleted.
+///
 /// # Errors
 /// [`Error::InvalidArgument`] for a malformed URL; [`Error::Io`] naming `from` (not found,
-/// denied) or `to` for another failure.
+/// denied) or `to` for another failure, a failed Azure copy included.
 pub fn copy_in_store(from: &str, to: &str, len: u64) -> Result<bool> {
     let (src, dst) = (store::parse(from)?, store::parse(to)?);
     let same = src.scheme == dst.scheme
@@ -580,11 +700,11 @@ pub fn copy_in_store(from: &str, to: &str, len: u64) -> Result<bool> {
     if !same || too_large {
         return Ok(false);
     }
-    let store = store::build(&src)?;
+    let settings = Settings::current();
+    let store = store::build_with(&src, &settings)?;
     let handle = runtime::handle()?;
-    handle
-        .block_on(store.copy(&src.path, &dst.path))
-        .map_err(|e| {
+    let copy = async {
+        store.copy(&src.path, &dst.path).await.map_err(|e| {
             let not_found = matches!(e, object_store::Error::NotFound { .. });
             Error::Io {
                 op: Op::Write,
@@ -593,8 +713,136 @@ pub fn copy_in_store(from: &str, to: &str, len: u64) -> Result<bool> {
                 len: 0,
                 source: store::io_error(e),
             }
-        })?;
+        })
+    };
+    if src.scheme != ObjectStoreScheme::MicrosoftAzure {
+        handle.block_on(copy)?;
+        return Ok(true);
+    }
+    let pending = PendingCopy {
+        store: store.as_ref(),
+        path: &dst.path,
+        from,
+        to,
+        stall: settings.remote_timeout,
+    };
+    handle.block_on(store::watching_azure_copies(async {
+        copy.await?;
+        pending.wait().await
+    }))?;
     Ok(true)
+}
+
+/// First wait between two reads of a pending Azure copy's properties; it doubles each time.
+const COPY_POLL_FIRST: Duration = Duration::from_millis(50);
+
+/// Longest wait between two reads of a pending Azure copy's properties.
+const COPY_POLL_MAX: Duration = Duration::from_secs(2);
+
+/// An Azure copy just made inside [`store::watching_azure_copies`], to be waited for.
+struct PendingCopy<'a> {
+    store: &'a dyn ObjectStore,
+    path: &'a Path,
+    from: &'a str,
+    to: &'a str,
+    /// Longest time the copy may go without progress.
+    stall: Duration,
+}
+
+impl PendingCopy<'_> {
+    /// Waits until the copy's status is `success`: reads the destination's properties while it
+    /// is `pending`, for as long as its progress moves within `stall`. An answer without a
+    /// status (a service that copies at once and says nothing) is a finished copy.
+    async fn wait(&self) -> Result<()> {
+        let Some(started) = store::take_azure_copy().filter(|c| c.status.is_some()) else {
+            return Ok(());
+        };
+        let mut now = started.clone();
+        let mut moved = Instant::now();
+        let mut pause = COPY_POLL_FIRST;
+        loop {
+            match now.status.as_deref() {
+                Some("success") => return Ok(()),
+                Some("pending") => {}
+                None => {
+                    return Err(self.error(
+                        std::io::ErrorKind::Other,
+                        "the destination was replaced while the copy was pending",
+                        None,
+                    ))
+                }
+                Some(status) => {
+                    let why = now.description.as_deref().unwrap_or("no reason given");
+                    let removed = self.remove().await;
+                    return Err(self.error(
+                        std::io::ErrorKind::Other,
+                        &format!("the copy ended {status} ({why})"),
+                        Some(removed),
+                    ));
+                }
+            }
+            if now.id != started.id {
+                return Err(self.error(
+                    std::io::ErrorKind::Other,
+                    "another copy to the destination started while this one was pending",
+                    None,
+                ));
+            }
+            if moved.elapsed() >= self.stall {
+                let removed = self.remove().await;
+                return Err(self.error(
+                    std::io::ErrorKind::TimedOut,
+                    &format!(
+                        "the copy made no progress in {:?} (see remote_timeout); the store may \
+                         still finish it",
+                        self.stall
+                    ),
+                    Some(removed),
+                ));
+            }
+            tokio::time::sleep(pause.min(self.stall.saturating_sub(moved.elapsed()))).await;
+            pause = (pause * 2).min(COPY_POLL_MAX);
+            self.store.head(self.path).await.map_err(|e| {
+                let source = store::io_error(e);
+                self.error(
+                    source.kind(),
+                    &format!("reading the pending copy's destination: {source}"),
+                    None,
+                )
+            })?;
+            let next = store::take_azure_copy().unwrap_or_default();
+            if next.progress != now.progress {
+                moved = Instant::now();
+            }
+            now = next;
+        }
+    }
+
+    /// Deletes the destination of a copy that did not finish; whether it is gone.
+    async fn remove(&self) -> bool {
+        match self.store.delete(self.path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// The error of a copy that did not finish, naming both URLs, and saying whether its
+    /// destination was deleted (`removed`, where that was tried).
+    fn error(&self, kind: std::io::ErrorKind, what: &str, removed: Option<bool>) -> Error {
+        let (from, to) = (self.from, self.to);
+        let left = match removed {
+            Some(true) => "; the destination was deleted",
+            Some(false) => "; deleting the destination failed: it may be left incomplete",
+            None => "",
+        };
+        Error::Io {
+            op: Op::Write,
+            path: to.into(),
+            offset: 0,
+            len: 0,
+            source: std::io::Error::new(kind, format!("copy from {from} to {to}: {what}{left}")),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -613,6 +861,7 @@ mod tests {
             concurrency,
             pending: Vec::new(),
             upload: None,
+            found: None,
             parts: JoinSet::new(),
             written: 0,
             state: State::Open,
@@ -718,6 +967,17 @@ mod tests {
         assert!(!copy_in_store("s3://b/big", "s3://b/copy", S3_MAX_COPY + 1).unwrap());
         // Other buckets are never copied in the store, whatever the size.
         assert!(!copy_in_store("s3://b/small", "s3://other/copy", 1).unwrap());
+    }
+
+    #[test]
+    fn a_multipart_etag_must_name_the_parts_sent() {
+        assert!(parts_agree("\"9b2cf535f27731c974343645a3985328-3\"", 3));
+        assert!(!parts_agree("\"9b2cf535f27731c974343645a3985328-2\"", 3));
+        // Other forms (one PUT's MD5, Azure's, GCS's) say nothing of parts.
+        assert!(parts_agree("\"9b2cf535f27731c974343645a3985328\"", 3));
+        assert!(parts_agree("\"0x8DC1234567890AB\"", 3));
+        assert!(parts_agree("CJjs2/3MhPQCEAE=", 3));
+        assert!(parts_agree("a-b-", 3));
     }
 
     #[test]
