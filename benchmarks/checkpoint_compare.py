@@ -185,12 +185,14 @@ def run_fio(fio: str, shape: str, files: list[str]) -> dict:
 
 
 def run_child(loader: str, device: str, files: list[str]) -> dict:
-    # "ferrio@NAME=VALUE+NAME=VALUE": ferrio with settings, given to the child as FERRIO_*.
+    # "ferrio@NAME=VALUE+NAME=VALUE": ferrio with settings, given to the child as FERRIO_*
+    # (or PYTHONPATH).
     base, _, opts = loader.partition("@")
     env = dict(os.environ)
     for kv in filter(None, opts.split("+")):
         name, _, value = kv.partition("=")
-        env["FERRIO_" + name.upper()] = value
+        # PYTHONPATH as itself: another build of ferrio to compare against.
+        env[name if name == "PYTHONPATH" else "FERRIO_" + name.upper()] = value
     out = subprocess.run(
         [sys.executable, "-c", CHILD, base, device, *files],
         capture_output=True, text=True, timeout=900, env=env,

@@ -6,7 +6,8 @@ as many 2 MiB `cuMemHostAlloc` calls one after the other, the same from 16 threa
 large call, and `cuMemHostRegister` of private anonymous memory in 4 KiB and in transparent huge
 pages, mapping and faulting in on the clock (`--no-driver` skips it). Part 2, ferrio
 in fresh processes: the first read of a page-cache-warm file into a CuPy array against the
-second, for each variant of the ring set-up (`--variants`; each a set of `FERRIO_*` variables),
+second, for each variant of the ring set-up (`--variants`; each a named set of `FERRIO_*`
+variables, or `NAME=VALUE+...` of any variables),
 variants alternating round by round, medians. Every child runs with `FERRIO_TRACE=1`; the
 timeline of its first read is summarised per variant (when the last worker had its ring, its
 first copy, the pinning done on the workers, waits), and the
@@ -59,6 +60,14 @@ VARIANTS = {
     "mapped": {"FERRIO_PINNED_MEMORY": "mapped"},
     "driver": {"FERRIO_PINNED_MEMORY": "driver"},
 }
+
+
+def variant_env(name: str) -> dict[str, str]:
+    """A named variant, or ``NAME=VALUE+NAME=VALUE`` (any variables, e.g. a ``PYTHONPATH`` with
+    another build of ferrio to compare against)."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    return dict(kv.split("=", 1) for kv in name.split("+"))
 
 
 def parse_trace(stderr: str) -> list[tuple[float, float, int, str, int]]:
@@ -277,7 +286,7 @@ def main() -> None:
         # Alternate the order too, so no variant always runs right after the same other one.
         order = names if rnd % 2 == 0 else names[::-1]
         for name in order:
-            res, events = run_child(args.file, args.small, VARIANTS[name])
+            res, events = run_child(args.file, args.small, variant_env(name))
             res["round"] = rnd
             if "gib" not in res:
                 print(name, res, flush=True)
