@@ -275,7 +275,7 @@ def main() -> None:
     args = ap.parse_args()
     names = args.variants.split(",")
     for n in names:
-        if n not in VARIANTS:
+        if n not in VARIANTS and "=" not in n:
             sys.exit(f"unknown variant {n!r}; known: {', '.join(VARIANTS)}")
     out: dict = {"driver": {}, "ferrio": {n: [] for n in names}}
     if not args.no_driver:
