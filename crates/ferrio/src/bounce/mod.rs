@@ -21,12 +21,10 @@
 //! [`write_from_device`] find the calling thread's ring in a thread-local [`RingSet`]. All rings
 //! share one cap on pinned memory ([`PinnedBudget`], from [`Settings::pinned_limit`]).
 //!
-//! A fresh ring pins one buffer before its first copy, and each next one right after starting a
-//! copy, on the worker, until it reaches its depth: the driver pins one allocation at a time
-//! whichever thread asks, so a worker that waited for all its buffers also waited for every other
-//! worker's, while this way copies start after one round of pinning and the later pins overlap
-//! them. (Pinning the rest on one background thread was measured and gained nothing: those pins
-//! then held up the workers' copies; `benchmarks/RESULTS.md`, "First call".) `FERRIO_TRACE=1` writes a timeline of the set-up and
+//! A fresh ring pins all its buffers before its first copy. (Pinning only the first and the rest
+//! on a background thread was measured and gained nothing: the driver pins one allocation at a
+//! time whichever thread asks, and the background pins then hold up the workers' copies;
+//! `benchmarks/RESULTS.md`, "First call".) `FERRIO_TRACE=1` writes a timeline of the set-up and
 //! first copies at exit (`trace.rs`).
 //!
 //! This module does no file I/O and no pointer classification; the ring never calls the driver

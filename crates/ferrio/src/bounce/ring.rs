@@ -80,10 +80,7 @@ impl<E: CopyEngine> std::fmt::Debug for BounceRing<E> {
 
 impl<E: CopyEngine> BounceRing<E> {
     /// A ring of up to `depth` buffers of `buffer_len` bytes (rounded up to a multiple of
-    /// [`PINNED_ALIGN`]), as many as `budget` allows but at least one. It starts with one
-    /// buffer; a read to the device adds the next right after starting a copy (so the pinning
-    /// overlaps that copy, and a fresh ring's first copy waits for one buffer, not all), a write
-    /// from the device all of them before its first.
+    /// [`PINNED_ALIGN`]), as many as `budget` allows but at least one.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero size or depth; the engine's error if the stream,
@@ -95,12 +92,16 @@ impl<E: CopyEngine> BounceRing<E> {
         budget: Arc<PinnedBudget>,
     ) -> Result<BounceRing<E>> {
         let started = trace::start();
-        let ring = BounceRing::with_first_buffer(engine, buffer_len, depth, budget)?;
+        let mut ring = BounceRing::with_first_buffer(engine, buffer_len, depth, budget)?;
+        {
+            let _bound = ring.engine.bind()?;
+            ring.grow();
+        }
         trace::record("ring", started, ring.slots.len() as u64);
         Ok(ring)
     }
 
-    /// A ring with its stream and its first buffer.
+    /// A ring with its stream and its first buffer, not grown further.
     fn with_first_buffer(
         engine: E,
         buffer_len: usize,
@@ -229,6 +230,7 @@ impl<E: CopyEngine> BounceRing<E> {
             return Ok(0);
         }
         let _bound = self.engine.bind()?;
+        self.grow();
         let mut done = 0usize;
         let mut first_error = None;
         let mut i = self.next % self.slots.len();
@@ -275,9 +277,6 @@ impl<E: CopyEngine> BounceRing<E> {
                 trace::record("copy", started, got as u64);
                 self.traced.0 += 1;
             }
-            // A ring short of its depth pins its next buffer while this copy runs; the next
-            // chunk goes to it (slots are added at the end, after the one just used).
-            self.grow(1);
             done += got;
             i = (i + 1) % self.slots.len();
             if got < want {
@@ -337,7 +336,7 @@ impl<E: CopyEngine> BounceRing<E> {
         // Reads left running (`start_read_to_device`) finish first: this loop hands out the
         // buffers in its own order.
         self.drain()?;
-        self.grow(usize::MAX);
+        self.grow();
         let b = self.buffer_len;
         let k = self.slots.len();
         let chunks = len.div_ceil(b);
@@ -483,11 +482,9 @@ impl<E: CopyEngine> BounceRing<E> {
         }
     }
 
-    /// Adds up to `most` buffers, not past the ring's depth, while the budget allows (the
-    /// caller holds a binding).
-    fn grow(&mut self, most: usize) {
-        let want = self.depth.min(self.slots.len().saturating_add(most));
-        while !self.grow_failed && self.slots.len() < want {
+    /// Adds buffers up to the ring's depth while the budget allows (the caller holds a binding).
+    fn grow(&mut self) {
+        while !self.grow_failed && self.slots.len() < self.depth {
             match self.add_slot(false) {
                 Ok(true) => {}
                 Ok(false) => break,
