@@ -7,7 +7,8 @@ large call, and `cuMemHostRegister` of private anonymous memory in 4 KiB and in 
 pages, mapping and faulting in on the clock (`--no-driver` skips it). Part 2, ferrio
 in fresh processes: the first read of a page-cache-warm file into a CuPy array against the
 second, for each variant of the ring set-up (`--variants`; each a named set of `FERRIO_*`
-variables, or `NAME=VALUE+...` of any variables),
+variables, or `NAME=VALUE+...` of any variables; `FIRSTCALL_FRESH_SECOND=1` makes the second
+read go to a new array),
 variants alternating round by round, medians. Every child runs with `FERRIO_TRACE=1`; the
 timeline of its first read is summarised per variant (when the last worker had its ring, its
 first copy, the pinning done on the workers, waits), and the
@@ -30,10 +31,12 @@ import threading
 import time
 
 CHILD = r"""
-import json, sys, time
+import json, os, sys, time
 import cupy as cp
 import ferrio
 path, small = sys.argv[1], int(sys.argv[2])
+# FIRSTCALL_FRESH_SECOND=1: the second read goes to a new array (GPU memory not yet written).
+fresh = os.environ.get("FIRSTCALL_FRESH_SECOND") == "1"
 cp.zeros(1); cp.cuda.runtime.deviceSynchronize()        # the CUDA context is not timed
 with ferrio.open(path) as f:
     size = f.size
@@ -42,6 +45,9 @@ with ferrio.open(path) as f:
     if small:
         t = time.perf_counter(); f.read(arr[: 64 << 20]); out["small_s"] = time.perf_counter() - t
     for name in ("first", "second"):
+        if name == "second" and fresh:
+            first, arr = arr, cp.empty(size, dtype=cp.uint8)
+            cp.cuda.runtime.deviceSynchronize()
         # time.monotonic is CLOCK_MONOTONIC, the clock of the FERRIO_TRACE lines.
         t0 = time.monotonic(); n = f.read(arr); cp.cuda.runtime.deviceSynchronize()
         t1 = time.monotonic()
