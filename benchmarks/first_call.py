@@ -8,7 +8,7 @@ pages, mapping and faulting in on the clock (`--no-driver` skips it). Part 2, fe
 in fresh processes: the first read of a page-cache-warm file into a CuPy array against the
 second, for each variant of the ring set-up (`--variants`; each a named set of `FERRIO_*`
 variables, or `NAME=VALUE+...` of any variables; `FIRSTCALL_FRESH_SECOND=1` makes the second
-read go to a new array),
+read go to a new array, `FIRSTCALL_TOUCH_FIRST=1` writes the array before the first),
 variants alternating round by round, medians. Every child runs with `FERRIO_TRACE=1`; the
 timeline of its first read is summarised per variant (when the last worker had its ring, its
 first copy, the pinning done on the workers, waits), and the
@@ -37,10 +37,14 @@ import ferrio
 path, small = sys.argv[1], int(sys.argv[2])
 # FIRSTCALL_FRESH_SECOND=1: the second read goes to a new array (GPU memory not yet written).
 fresh = os.environ.get("FIRSTCALL_FRESH_SECOND") == "1"
+# FIRSTCALL_TOUCH_FIRST=1: the array is written (zeroed) before the first read's clock.
+touch = os.environ.get("FIRSTCALL_TOUCH_FIRST") == "1"
 cp.zeros(1); cp.cuda.runtime.deviceSynchronize()        # the CUDA context is not timed
 with ferrio.open(path) as f:
     size = f.size
     arr = cp.empty(size, dtype=cp.uint8)
+    if touch:
+        arr.fill(0); cp.cuda.runtime.deviceSynchronize()
     out = {}
     if small:
         t = time.perf_counter(); f.read(arr[: 64 << 20]); out["small_s"] = time.perf_counter() - t
