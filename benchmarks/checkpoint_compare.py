@@ -193,9 +193,15 @@ def run_child(loader: str, device: str, files: list[str]) -> dict:
         name, _, value = kv.partition("=")
         # PYTHONPATH as itself: another build of ferrio to compare against.
         env[name if name == "PYTHONPATH" else "FERRIO_" + name.upper()] = value
+    return run_python(CHILD, [base, device, *files], env)
+
+
+def run_python(code: str, args: list[str], env: dict | None = None, timeout: int = 900) -> dict:
+    """Run `code` in a fresh Python process; return the last JSON line it printed, or
+    ``{"error": its last line of stderr}``."""
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, base, device, *files],
-        capture_output=True, text=True, timeout=900, env=env,
+        [sys.executable, "-c", code, *args],
+        capture_output=True, text=True, timeout=timeout, env=env,
     )  # fmt: skip
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:

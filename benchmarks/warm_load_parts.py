@@ -24,6 +24,8 @@ import statistics
 import subprocess
 import sys
 
+from checkpoint_compare import run_python
+
 PARTS = ["load", "header", "alloc", "alloc8", "read"]
 
 CHILD = r"""
@@ -56,14 +58,7 @@ print(json.dumps({"ms": (time.perf_counter() - t) * 1e3, "gib": size / (1 << 30)
 
 
 def run(part: str, path: str, device: str) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, part, path, device],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    if out.returncode != 0 or not lines:
-        return {"error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
-    return json.loads(lines[-1])
+    return run_python(CHILD, [part, path, device], timeout=600)
 
 
 def main() -> None:
