@@ -195,6 +195,18 @@ def write_in_steps(url: str, data: bytes, while_open: Callable[[], None]) -> Non
     in_thread(upload)
 
 
+def assert_downloads(url: str, data: bytes, tmp_path: Path, name: str) -> None:
+    """`ferrio.copy` of the object at `url` to a file, and into a directory (as `name`, the
+    object's last part), gives `data` both times."""
+    back = tmp_path / "back.bin"
+    in_thread(lambda: ferrio.copy(url, str(back)))
+    assert back.read_bytes() == data
+    into = tmp_path / "dir"
+    into.mkdir()
+    in_thread(lambda: ferrio.copy(url, into))
+    assert (into / name).read_bytes() == data
+
+
 def make_tree(root: Path) -> dict[str, bytes]:
     """Makes a tree of files under `root` (nested directories, an empty file, a name with
     `#?%` and spaces, an empty directory) and returns each file's path relative to it and

@@ -43,6 +43,7 @@ from conftest import (
     BOUND_S,
     PART,
     AzureService,
+    assert_downloads,
     azure_service_at,
     cli,
     files_under,
@@ -362,14 +363,8 @@ def test_azure_copy_local_to_az_and_back_and_within(
     in_thread(lambda: ferrio.copy(src, f"az://{CONTAINER}/copied/into/"))
     _is_whole(az, "copied/into/src.bin", data)
 
-    back = tmp_path / "back.bin"
-    in_thread(lambda: ferrio.copy(url, str(back)))
-    assert back.read_bytes() == data
-    # Into a directory: named after the blob.
-    into = tmp_path / "dir"
-    into.mkdir()
-    in_thread(lambda: ferrio.copy(url, into))
-    assert (into / "src.bin").read_bytes() == data
+    # To a file, and into a directory: named after the blob.
+    assert_downloads(url, data, tmp_path, "src.bin")
 
     # Within the container: a copy by the service (Copy Blob).
     in_thread(lambda: ferrio.copy(url, f"az://{CONTAINER}/copied/again.bin"))

@@ -50,6 +50,7 @@ import pytest
 from conftest import (
     BOUND_S,
     PART,
+    assert_downloads,
     child_server,
     files_under,
     free_port,
@@ -525,9 +526,8 @@ def test_gcs_copy_local_to_gs_and_back_and_within(
     _is_whole(gcs_endpoint, "copied/src.bin", data)
     assert _uploads(gcs_endpoint) == []
 
-    back = tmp_path / "back.bin"
-    in_thread(lambda: ferrio.copy(url, str(back)))
-    assert back.read_bytes() == data
+    # To a file, and into a directory: named after the object.
+    assert_downloads(url, data, tmp_path, "src.bin")
 
     # Within the bucket: a copy by the store (`PUT` with `x-goog-copy-source`).
     in_thread(lambda: ferrio.copy(url, f"gs://{BUCKET}/copied/again.bin"))

@@ -29,6 +29,7 @@ import pytest
 from conftest import (
     BOUND_S,
     PART,
+    assert_downloads,
     cli,
     files_under,
     in_thread,
@@ -632,14 +633,8 @@ def test_copy_local_to_s3_and_back(s3: Any, tmp_path: Path) -> None:
     in_thread(lambda: ferrio.copy(src, f"s3://{s3.ferrio_bucket}/prefix/"))
     assert _get(s3, "prefix/src.bin") == data
 
-    back = tmp_path / "back.bin"
-    in_thread(lambda: ferrio.copy(url, str(back)))
-    assert back.read_bytes() == data
-    # Into a directory: named after the key.
-    into = tmp_path / "dir"
-    into.mkdir()
-    in_thread(lambda: ferrio.copy(url, into))
-    assert (into / "src.bin").read_bytes() == data
+    # To a file, and into a directory: named after the key.
+    assert_downloads(url, data, tmp_path, "src.bin")
 
 
 def test_download_writes_through_a_symlink_as_a_local_copy_does(s3: Any, tmp_path: Path) -> None:
