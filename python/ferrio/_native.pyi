@@ -88,7 +88,13 @@ class File:
     def pwrite(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> IOFuture:
         """Start a write from `buf` and return its future at once."""
     def sync(self) -> None:
-        """Flush written data to the device."""
+        """Flush written data to the device.
+
+        Under ``cache="auto"``, writes that end within the write keep limit go through the page
+        cache where the device measured that faster (``ferrio info PATH`` says which), and a
+        flush of them then takes longer than direct writes would have: a writer that will sync
+        should open with ``cache="bypass"``.
+        """
     def close(self) -> None:
         """Close the file; later calls raise ValueError."""
     @property

@@ -4,10 +4,12 @@ variable and the accepted values."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -74,3 +76,39 @@ def test_bad_cache_values_name_the_setting_and_the_forms(restore_settings: None)
         check=True,
     )
     assert "FERRIO_CACHE" in out.stdout and "auto|keep|bypass" in out.stdout, out
+
+
+def _info(path: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "ferrio", "info", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    info: dict[str, Any] = json.loads(out.stdout)
+    return info
+
+
+def test_writes_keep_or_bypass_as_asked_and_a_synced_save_bypasses(tmp_path: Path) -> None:
+    data = pattern(SIZE, seed=4)
+    keep = tmp_path / "keep.bin"
+    with ferrio.File(keep, "w", cache="keep") as f:
+        assert f.write(data) == SIZE
+        f.sync()
+    assert ferrio.residency(keep).share >= 0.99
+    info = _info(keep)
+    assert isinstance(info["writes"]["direct"], bool) and info["writes"]["reason"], info
+    if not info["direct_io"]["available"]:
+        pytest.skip("no O_DIRECT here")
+    bypass = tmp_path / "bypass.bin"
+    with ferrio.File(bypass, "w", cache="bypass") as f:
+        assert f.write(data) == SIZE
+        f.sync()
+    assert ferrio.residency(bypass).share <= 0.03
+    # A synced save goes direct under cache=auto (a flush after buffered writes is slower).
+    from ferrio.safetensors import numpy as fs
+
+    synced = tmp_path / "synced.safetensors"
+    fs.save_file({"t": data}, synced, fsync=True)
+    assert ferrio.residency(synced).share <= 0.03
+    assert np.array_equal(fs.load_file(synced)["t"], data)

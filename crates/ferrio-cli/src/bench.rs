@@ -136,6 +136,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         say(&format!("round {round}/{}: write", a.rounds));
         let f = ferrio::File::options()
             .settings(settings.clone())
+            .cache(settings.cache.for_synced_writes())
             .open(&path, "w+")?;
         let s = measure(a.size, || {
             crate::write::write_generated(&f, a.size, &mut windows, true)?;

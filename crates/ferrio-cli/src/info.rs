@@ -135,6 +135,9 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
     let residency = ferrio::pagecache::residency(&path, 0, None)?;
     let pool = file.pool().stats();
     let direct = probe.direct_support();
+    // A rewrite of the whole file (the handle that asked for direct I/O knows whether it works).
+    let writes = probe.describe_write(size);
+    let measured = probe.measured_writes();
     if json {
         let disks: Vec<Value> = chain
             .disks()
@@ -167,6 +170,9 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
                           "overread": settings.direct_overread},
             "cache": {"asked": decision.asked.as_str(), "resolved": decision.resolved.as_str(),
                       "reason": decision.reason, "keeps": decision.keeps()},
+            "writes": {"direct": writes.direct, "reason": writes.reason,
+                       "keep_limit": decision.write_keep_limit,
+                       "measured": measured.map(|m| json!({"buffered_bytes_per_s": m.buffered, "direct_bytes_per_s": m.direct}))},
             "page_cache": {"cached_bytes": residency.cached_bytes, "dirty_bytes": residency.dirty_bytes, "share": residency.share()},
             "pools": pools_json(),
         })
@@ -195,6 +201,7 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
         }
     ))?;
     out(&format!("cache:       {decision}"))?;
+    out(&format!("writes:      {writes}"))?;
     out(&format!(
         "page cache:  {} of {} resident ({:.0}%), {} dirty",
         ferrio::config::format_size(residency.cached_bytes),

@@ -173,8 +173,14 @@ fn write_all(
 ) -> anyhow::Result<()> {
     let mut files = Vec::with_capacity(a.paths.len());
     for (p, &was_there) in a.paths.iter().zip(existed) {
+        let cache = if a.no_sync {
+            settings.cache
+        } else {
+            settings.cache.for_synced_writes()
+        };
         let f = ferrio::File::options()
             .settings(settings.clone())
+            .cache(cache)
             .open(p, "w");
         // Recorded even when the open failed: it may have created or truncated the file first.
         // A device, FIFO or socket the open refused was left as it was: not to be named as

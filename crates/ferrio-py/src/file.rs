@@ -286,7 +286,10 @@ impl File {
         Ok(IOFuture::new(pending, what))
     }
 
-    /// Flushes written data to the device (`fdatasync`).
+    /// Flushes written data to the device (`fdatasync`). Under `cache="auto"`, writes that end
+    /// within the write keep limit go through the page cache where the device measured that
+    /// faster (`ferrio info PATH` says which), and a flush of them then takes longer than direct
+    /// writes would have: a writer that will sync should open with `cache="bypass"`.
     fn sync(&self, py: Python<'_>) -> PyResult<()> {
         let file = self.handle()?;
         without_gil(py, || file.sync())?.map_err(to_pyerr)

@@ -90,8 +90,22 @@ named_values! {
         Bypass = "bypass",
         /// Reads: `keep` for a file that fits comfortably in available memory, `bypass` for one
         /// that does not, so that a stream larger than memory does not evict everything else.
-        /// Writes: `bypass` (buffered writes are slower; see [`crate::policy`]).
+        /// Writes: through the page cache (kept) up to a limit where the device measured that
+        /// faster, else `bypass` (see [`crate::policy`]).
         Auto = "auto",
+    }
+}
+
+impl CacheMode {
+    /// The mode for a file whose writes the caller flushes to the device ([`crate::File::sync`])
+    /// before it relies on them: `auto` becomes `bypass`, since buffered writes and then a flush
+    /// took longer than direct writes on every machine measured (benchmarks/RESULTS.md); an
+    /// explicit `keep` or `bypass` stays.
+    pub fn for_synced_writes(self) -> CacheMode {
+        match self {
+            CacheMode::Auto => CacheMode::Bypass,
+            other => other,
+        }
     }
 }
 

@@ -3,10 +3,15 @@
 //!
 //! Alignment comes from the file system, not a constant: `statx(STATX_DIOALIGN)` where the
 //! kernel has it, else the device's logical block size from sysfs, else the page size. The
-//! page cache is asked through `cachestat(2)`, else `mincore`.
+//! page cache is asked through `cachestat(2)`, else `mincore`. [`measure_writes`] times a
+//! device's buffered writes against its direct ones, for the write policy.
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
+use crate::buffer::AlignedBuf;
+use crate::policy::WriteProbe;
 use crate::sys;
 
 /// How `O_DIRECT` can be used on one file.
@@ -153,4 +158,46 @@ pub(crate) fn resident_share(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Optio
         Err(_) => return None,
     };
     Some(cached as f64 / pages as f64)
+}
+
+/// Bytes of one write of [`measure_writes`]; each way is timed over [`WRITE_PROBE_ROUNDS`] of
+/// them, so the probe writes 16 MiB in all (half of it to the device).
+const WRITE_PROBE_BYTES: usize = 4 << 20;
+
+/// Writes of each kind in [`measure_writes`], alternating.
+const WRITE_PROBE_ROUNDS: u64 = 2;
+
+/// Times writes through the page cache against `O_DIRECT` writes on the file system of
+/// directory `dir`, which must be on device `dev` (that of the file the verdict is for), in an
+/// unnamed temporary file (`O_TMPFILE`: nothing is left behind, and its cached pages are
+/// dropped unwritten when it is closed). The space is allocated first, as a direct write that
+/// extends a file does (`File::extend_for_direct_write`). `None` where the file system has no
+/// `O_TMPFILE` or no direct I/O, is full, or is another device's.
+pub(crate) fn measure_writes(dir: &Path, dev: libc::dev_t) -> Option<WriteProbe> {
+    let fd = sys::open(dir, libc::O_TMPFILE | libc::O_RDWR, 0o600).ok()?;
+    let fd = fd.as_fd();
+    if sys::fstat(fd).ok()?.st_dev != dev {
+        return None;
+    }
+    let total = WRITE_PROBE_BYTES as u64 * WRITE_PROBE_ROUNDS * 2;
+    sys::fallocate(fd, 0, total).ok()?;
+    let align = sys::dio_align(fd).map_or(sys::page_size(), |(mem, _)| mem as usize);
+    let mut buf = AlignedBuf::new(WRITE_PROBE_BYTES, align.max(sys::page_size()))?;
+    // Fault the source in before any clock runs.
+    buf.as_mut_slice().fill(0x5a);
+    let mut times = [Duration::ZERO; 2];
+    for round in 0..WRITE_PROBE_ROUNDS * 2 {
+        let direct = round % 2 == 1;
+        sys::set_direct(fd, direct).ok()?;
+        let started = Instant::now();
+        // SAFETY: `buf` holds WRITE_PROBE_BYTES initialised bytes and outlives the call.
+        unsafe { sys::pwrite_full(fd, buf.as_mut_ptr(), WRITE_PROBE_BYTES, round * WRITE_PROBE_BYTES as u64) }
+            .ok()?;
+        times[direct as usize] += started.elapsed();
+    }
+    let rate = |t: Duration| (WRITE_PROBE_BYTES as u64 * WRITE_PROBE_ROUNDS) as f64 / t.as_secs_f64().max(1e-9);
+    Some(WriteProbe {
+        buffered: rate(times[0]),
+        direct: rate(times[1]),
+    })
 }

@@ -11,8 +11,16 @@
 //! available memory and `bypass` above that. Buffered cold reads run at the disk's direct-read
 //! rate on the machines measured, so keeping costs the first read nothing but a copy, and it
 //! makes the second read a page-cache read (measured: see benchmarks/RESULTS.md). Ranges
-//! already in the page cache are always read from it. Writes keep only under `cache=keep`:
-//! buffered writes were several times slower than direct ones, so `auto` writes bypass.
+//! already in the page cache are always read from it.
+//!
+//! Writes keep under `cache=keep`, and bypass under `cache=bypass`. Under `auto` it depends on
+//! the device, because machines differ: on the dev VM buffered writes ran at a third of direct
+//! ones, on the GPU machines a buffered write returned 1.7× sooner (and a synced one later). So
+//! the first `auto` write of the process to a device that could go either way times a few MiB
+//! each way ([`WriteProbe`], measured by `direct.rs`, remembered by the device's pool), and
+//! writes that end within [`CacheDecision::write_keep_limit`] go through the page cache when it
+//! was clearly faster there: the file is then hot for the next read, and a stream past the limit
+//! still bypasses.
 //!
 //! `direct_read`/`direct_write` `on` and `off` still force the mechanism; `auto` (the default)
 //! leaves it to this module. This module reads `/proc/meminfo` and the cgroup's memory files;
@@ -38,6 +46,67 @@ pub struct Memory {
     pub source: String,
 }
 
+impl Memory {
+    /// Dirty page cache the kernel lets writers build up before it makes them wait for the
+    /// device: `vm.dirty_bytes`, or `vm.dirty_ratio` percent (default 20) of the available
+    /// memory. Buffered writes past it run at the device's rate, plus a copy.
+    pub fn dirty_limit(&self) -> u64 {
+        let read = |name: &str| -> Option<u64> {
+            std::fs::read_to_string(Path::new("/proc/sys/vm").join(name))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        match read("dirty_bytes") {
+            Some(bytes) if bytes > 0 => bytes.min(self.available),
+            _ => self.available / 100 * read("dirty_ratio").unwrap_or(20).min(100),
+        }
+    }
+}
+
+/// Buffered writes are chosen under `auto` only when the probe found them this much faster than
+/// direct ones: the page cache still has to write the bytes back later, and the probe's few MiB
+/// vary by more than 10% from run to run.
+pub const BUFFERED_WRITE_MARGIN: f64 = 1.25;
+
+/// Bytes of `auto` writes through the page cache after which their own rate replaces the
+/// probe's buffered one (`DevicePool::measured_writes`): on the dev VM the probe's 16 MiB ran at
+/// 2–6 GiB/s where 2 GiB then ran at 0.4–1.3 (fresh memory, which the hypervisor backs page by
+/// page), so the verdict must follow what the writes do; 64 MiB costs at most ~0.15 s there
+/// before it turns to direct writes.
+pub const WRITE_RATE_WINDOW: u64 = 64 << 20;
+
+/// What the first `auto` write to a device measured: bytes per second of a few MiB written
+/// through the page cache and of the same written with `O_DIRECT`, one after the other on one
+/// thread, into an unnamed temporary file beside the file written.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WriteProbe {
+    /// Bytes per second through the page cache.
+    pub buffered: f64,
+    /// Bytes per second with `O_DIRECT`.
+    pub direct: f64,
+}
+
+impl WriteProbe {
+    /// Whether writes that may keep their pages go through the page cache.
+    pub fn prefers_buffered(&self) -> bool {
+        self.buffered >= BUFFERED_WRITE_MARGIN * self.direct
+    }
+}
+
+impl std::fmt::Display for WriteProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let gib = |r: f64| r / (1u64 << 30) as f64;
+        write!(
+            f,
+            "measured on this device: buffered {:.2} GiB/s, direct {:.2} GiB/s",
+            gib(self.buffered),
+            gib(self.direct)
+        )
+    }
+}
+
 /// The policy's decision for one open file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheDecision {
@@ -48,6 +117,10 @@ pub struct CacheDecision {
     /// Files up to this many bytes are kept under `auto` (`u64::MAX` for `keep`, 0 for
     /// `bypass`).
     pub keep_limit: u64,
+    /// Under `auto`, writes that end within this many bytes of the file's start may go through
+    /// the page cache (where the device's [`WriteProbe`] prefers it): the keep limit, or the
+    /// kernel's dirty limit ([`Memory::dirty_limit`]) where that is lower. 0 otherwise.
+    pub write_keep_limit: u64,
     /// Why, in one line.
     pub reason: String,
 }
@@ -83,12 +156,14 @@ pub fn decide(mode: CacheMode, size: u64, memory: Option<&Memory>) -> CacheDecis
             asked: mode,
             resolved: CacheMode::Keep,
             keep_limit: u64::MAX,
+            write_keep_limit: 0,
             reason: "asked for".into(),
         },
         CacheMode::Bypass => CacheDecision {
             asked: mode,
             resolved: CacheMode::Bypass,
             keep_limit: 0,
+            write_keep_limit: 0,
             reason: "asked for".into(),
         },
         CacheMode::Auto => {
@@ -97,6 +172,8 @@ pub fn decide(mode: CacheMode, size: u64, memory: Option<&Memory>) -> CacheDecis
                     asked: mode,
                     resolved: CacheMode::Keep,
                     keep_limit: u64::MAX,
+                    // Without knowing the memory, writes do not guess: they bypass.
+                    write_keep_limit: 0,
                     reason: "available memory unknown".into(),
                 };
             };
@@ -110,6 +187,7 @@ pub fn decide(mode: CacheMode, size: u64, memory: Option<&Memory>) -> CacheDecis
                     CacheMode::Bypass
                 },
                 keep_limit: limit,
+                write_keep_limit: limit.min(m.dirty_limit()),
                 reason: format!(
                     "file {} {} half of {} available, {}",
                     fmt(size),
@@ -234,38 +312,122 @@ fn coldness(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Coldness {
 
 /// Whether a write task on `[offset, offset+len)` should use `O_DIRECT`. `on`/`off` force it.
 /// Under `auto`: `cache=keep` writes through the page cache, so write-then-read is hot.
-/// Otherwise (`auto` too: buffered writes ran at a third of direct ones on the dev VM and cost
-/// several times the CPU, measured: see benchmarks/RESULTS.md) a write goes direct on a local
-/// file system (a block device under it: direct writes are known to hurt on network file
-/// systems) when none of the range is cached (a direct write would flush and drop those pages,
-/// and a reader of them would lose its cache), which also keeps a streaming writer from
-/// evicting everything else.
+/// `cache=auto` does too for a write that ends within [`CacheDecision::write_keep_limit`] when
+/// the device's `probe` found buffered writes clearly faster ([`WriteProbe::prefers_buffered`]).
+/// Otherwise (buffered writes ran at a third of direct ones on the dev VM and cost several times
+/// the CPU, measured: see benchmarks/RESULTS.md) a write goes direct on a local file system (a
+/// block device under it: direct writes are known to hurt on network file systems) when less
+/// than half of the range is cached ([`direct::AUTO_RESIDENT_SHARE`], as for reads: a page or
+/// two of a small header written just before does not count; a direct write flushes and drops
+/// the pages it covers, and a reader of a mostly cached range would lose its cache), which also
+/// keeps a streaming writer from evicting everything else.
 pub(crate) fn write_direct(
     direct_mode: DirectMode,
     decision: &CacheDecision,
+    probe: Option<&WriteProbe>,
     local: bool,
     fd: BorrowedFd<'_>,
     offset: u64,
     len: usize,
 ) -> bool {
+    writes_may_go_direct(direct_mode, decision, probe, offset + len as u64)
+        && (direct_mode == DirectMode::On
+            || (local && !matches!(coldness(fd, offset, len as u64), Coldness::Cached)))
+}
+
+/// Whether writes of this file that end at `end` may go direct at all (for preallocation and
+/// the write cap): not under `direct_write=off` or `cache=keep`, nor under `cache=auto` where
+/// the device prefers the page cache for them.
+pub(crate) fn writes_may_go_direct(
+    direct_mode: DirectMode,
+    decision: &CacheDecision,
+    probe: Option<&WriteProbe>,
+    end: u64,
+) -> bool {
     match direct_mode {
         DirectMode::Off => false,
         DirectMode::On => true,
-        DirectMode::Auto => {
-            decision.asked != CacheMode::Keep
-                && local
-                && direct::probe(fd, offset, len as u64) == Probe::Cold
-        }
+        DirectMode::Auto => match decision.asked {
+            CacheMode::Keep => false,
+            CacheMode::Bypass => true,
+            CacheMode::Auto => {
+                !(end <= decision.write_keep_limit
+                    && probe.is_some_and(WriteProbe::prefers_buffered))
+            }
+        },
     }
 }
 
-/// Whether writes of this file may go direct at all (for preallocation and the write cap).
-pub(crate) fn writes_may_go_direct(direct_mode: DirectMode, decision: &CacheDecision) -> bool {
-    match direct_mode {
-        DirectMode::Off => false,
-        DirectMode::On => true,
-        DirectMode::Auto => decision.asked != CacheMode::Keep,
+/// How a write of cold data to a file would go, and why ([`describe_write`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WriteChoice {
+    /// Whether it uses `O_DIRECT` (else it goes through the page cache and stays there).
+    pub direct: bool,
+    /// Why, in one line.
+    pub reason: String,
+}
+
+impl std::fmt::Display for WriteChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = if self.direct {
+            "direct"
+        } else {
+            "through the page cache"
+        };
+        write!(f, "{how} ({})", self.reason)
     }
+}
+
+/// How a write of cold data ending at `end` goes under these choices (what [`write_direct`]
+/// decides for each of its tasks, where nothing of the range is cached), and why.
+pub fn describe_write(
+    direct_mode: DirectMode,
+    decision: &CacheDecision,
+    probe: Option<&WriteProbe>,
+    local: bool,
+    direct_ok: bool,
+    end: u64,
+) -> WriteChoice {
+    let direct = direct_ok
+        && writes_may_go_direct(direct_mode, decision, probe, end)
+        && (local || direct_mode == DirectMode::On);
+    let reason = if !direct_ok {
+        "no O_DIRECT on this file".to_string()
+    } else if direct_mode != DirectMode::Auto {
+        format!("direct_write={direct_mode}")
+    } else if decision.asked != CacheMode::Auto {
+        format!("cache={}", decision.asked)
+    } else if !local {
+        "not a local file system".to_string()
+    } else if end > decision.write_keep_limit {
+        format!(
+            "a write past {} (the smaller of half the available memory and the kernel's dirty \
+             limit) bypasses",
+            crate::config::format_size(decision.write_keep_limit)
+        )
+    } else {
+        match probe {
+            Some(p) => p.to_string(),
+            None => "writes on this device could not be measured".to_string(),
+        }
+    };
+    WriteChoice { direct, reason }
+}
+
+/// Whether a write that ends at `end` needs the device's [`WriteProbe`] to choose its path: an
+/// `auto` write, within the write keep limit, to a local file that `O_DIRECT` works on.
+pub(crate) fn write_needs_probe(
+    direct_mode: DirectMode,
+    decision: &CacheDecision,
+    local: bool,
+    direct_ok: bool,
+    end: u64,
+) -> bool {
+    direct_mode == DirectMode::Auto
+        && decision.asked == CacheMode::Auto
+        && local
+        && direct_ok
+        && end <= decision.write_keep_limit
 }
 
 /// The memory the page cache may grow into now: `MemAvailable`, or less where the process's
@@ -398,6 +560,71 @@ mod tests {
         let d = decide(CacheMode::Auto, (2 << 30) + 1, Some(&mem(4)));
         assert!(!d.keeps(), "{d}");
         assert!(d.to_string().contains("auto → bypass"), "{d}");
+    }
+
+    #[test]
+    fn auto_writes_may_keep_up_to_the_smaller_of_the_keep_and_dirty_limits() {
+        let m = mem(40);
+        let d = decide(CacheMode::Auto, 0, Some(&m));
+        assert_eq!(d.write_keep_limit, (20u64 << 30).min(m.dirty_limit()));
+        assert!(m.dirty_limit() > 0 && m.dirty_limit() <= m.available);
+        for mode in [CacheMode::Keep, CacheMode::Bypass] {
+            assert_eq!(decide(mode, 0, Some(&m)).write_keep_limit, 0);
+        }
+        assert_eq!(decide(CacheMode::Auto, 0, None).write_keep_limit, 0);
+    }
+
+    #[test]
+    fn writes_go_direct_unless_kept_or_measured_faster_through_the_page_cache() {
+        use CacheMode::{Auto, Bypass, Keep};
+        let faster = WriteProbe {
+            buffered: 3.0,
+            direct: 2.0,
+        };
+        let slower = WriteProbe {
+            buffered: 2.4,
+            direct: 2.0,
+        };
+        assert!(faster.prefers_buffered() && !slower.prefers_buffered());
+        let auto = decide(Auto, 0, Some(&mem(40)));
+        let limit = auto.write_keep_limit;
+        let may = |mode: DirectMode, d: &CacheDecision, p: Option<&WriteProbe>, end: u64| {
+            writes_may_go_direct(mode, d, p, end)
+        };
+        // auto: direct unless the device measured buffered writes faster and the write ends
+        // within the limit.
+        assert!(may(DirectMode::Auto, &auto, None, 1));
+        assert!(may(DirectMode::Auto, &auto, Some(&slower), 1));
+        assert!(!may(DirectMode::Auto, &auto, Some(&faster), 1));
+        assert!(!may(DirectMode::Auto, &auto, Some(&faster), limit));
+        assert!(may(DirectMode::Auto, &auto, Some(&faster), limit + 1));
+        // keep and bypass do what they say, whatever was measured.
+        let keep = decide(Keep, 0, None);
+        let bypass = decide(Bypass, 0, None);
+        assert!(!may(DirectMode::Auto, &keep, Some(&slower), 1));
+        assert!(may(DirectMode::Auto, &bypass, Some(&faster), 1));
+        // direct_write on/off force it.
+        assert!(may(DirectMode::On, &keep, Some(&faster), 1));
+        assert!(!may(DirectMode::Off, &bypass, None, 1));
+        // The probe is wanted only where its answer matters.
+        assert!(write_needs_probe(
+            DirectMode::Auto,
+            &auto,
+            true,
+            true,
+            limit
+        ));
+        assert!(!write_needs_probe(
+            DirectMode::Auto,
+            &auto,
+            true,
+            true,
+            limit + 1
+        ));
+        assert!(!write_needs_probe(DirectMode::Auto, &auto, false, true, 1));
+        assert!(!write_needs_probe(DirectMode::Auto, &auto, true, false, 1));
+        assert!(!write_needs_probe(DirectMode::Auto, &bypass, true, true, 0));
+        assert!(!write_needs_probe(DirectMode::On, &auto, true, true, 1));
     }
 
     #[test]

@@ -732,7 +732,8 @@ def save_file(
 
     Every tensor is written in parallel straight from its memory (host, or GPU through ferrio's
     bounce buffers) into ``.NAME.ferrio-tmp-PID-N`` beside the target, flushed to the device
-    when `fsync` is true, then renamed over `filename`; on any error the temporary file is
+    when `fsync` is true (the write then bypasses the page cache under ``cache="auto"``: direct
+    writes reach the disk sooner), then renamed over `filename`; on any error the temporary file is
     removed and `filename` is untouched. A `filename` that is a symlink is written through, as
     ``safetensors`` and ``cp`` do: the file it names is replaced. A file replaced keeps its
     permission bits; other hard links to it keep the old bytes. Tensors must not be modified
@@ -745,7 +746,9 @@ def save_file(
         f".{os.path.basename(target)}.ferrio-tmp-{os.getpid()}-{next(_save_ids)}",
     )
     try:
-        with ferrio.File(tmp, "w") as f:  # a local name: never a URL
+        # A synced save bypasses the page cache under cache=auto (File.sync's docstring).
+        synced = {"cache": "bypass"} if fsync and ferrio.config.get("cache") == "auto" else {}
+        with ferrio.File(tmp, "w", **synced) as f:  # a local name: never a URL
             futures = [f.pwrite(header, offset=0)]
             futures += [f.pwrite(raw, offset=at) for raw, at in parts]
             ferrio.wait(futures)

@@ -79,7 +79,7 @@ impl File {
             ),
         };
         if direction == Direction::Write {
-            self.extend_for_direct_write(offset, len, tasks.len())?;
+            self.prepare_write(offset, len, tasks.len())?;
         }
         bounce::trace::record("request", bounce::trace::start(), len as u64);
         let file = self.clone();

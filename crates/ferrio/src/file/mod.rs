@@ -46,6 +46,8 @@ pub struct OpenOptions {
     cache: Option<CacheMode>,
     /// Testing hook: the memory the policy sees instead of the machine's.
     assumed_memory: Option<u64>,
+    /// Testing hook: the write probe the policy sees instead of the device's.
+    assumed_write_probe: Option<policy::WriteProbe>,
     direct_read: Option<DirectMode>,
     direct_write: Option<DirectMode>,
     overread: Option<bool>,
@@ -84,6 +86,15 @@ impl OpenOptions {
         self
     }
 
+    /// Makes the write policy see `probe` instead of measuring the device (which happens once
+    /// per process), so a test can take either path of an `auto` write.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn assume_write_probe(mut self, probe: policy::WriteProbe) -> Self {
+        self.assumed_write_probe = Some(probe);
+        self
+    }
+
     /// `O_DIRECT` policy for reads of this file.
     pub fn direct_read(mut self, mode: DirectMode) -> Self {
         self.direct_read = Some(mode);
@@ -117,7 +128,11 @@ impl OpenOptions {
             available: b,
             source: "assumed by a test".into(),
         });
-        File::open_with(path.as_ref(), mode, choices, &settings, memory)
+        let assumed = Assumed {
+            memory,
+            write_probe: self.assumed_write_probe,
+        };
+        File::open_with(path.as_ref(), mode, choices, &settings, assumed)
     }
 }
 
@@ -147,6 +162,10 @@ struct Inner {
     opened_pool: &'static Arc<DevicePool>,
     /// Whether the file lives on a block device (a local file system), not NFS/FUSE/tmpfs.
     local: bool,
+    /// The device that holds the file's bytes.
+    dev: libc::dev_t,
+    /// A write probe assumed by a test (`OpenOptions::assume_write_probe`).
+    assumed_write_probe: Option<policy::WriteProbe>,
     /// What the cache policy decided at open.
     cache: CacheDecision,
     /// The settings at open (thread cap, bounce-ring sizes).
@@ -163,6 +182,13 @@ struct Appends {
     end: u64,
     /// This handle's appends that may still be running.
     running: Vec<Weak<Completion>>,
+}
+
+/// What tests make the policy see instead of the machine (`OpenOptions`' testing hooks).
+#[derive(Default)]
+struct Assumed {
+    memory: Option<policy::Memory>,
+    write_probe: Option<policy::WriteProbe>,
 }
 
 /// A raw address that may cross to worker threads; the future it belongs to keeps it valid.
@@ -186,7 +212,7 @@ impl File {
         mode: Mode,
         choices: Choices,
         settings: &Settings,
-        memory: Option<policy::Memory>,
+        assumed: Assumed,
     ) -> Result<File> {
         let open_err = |source| Error::Open {
             path: path.to_path_buf(),
@@ -234,7 +260,7 @@ impl File {
                 } else {
                     st.st_size as u64
                 };
-                let memory = memory.or_else(policy::available_memory);
+                let memory = assumed.memory.or_else(policy::available_memory);
                 policy::decide(CacheMode::Auto, size, memory.as_ref())
             }
             mode => policy::decide(mode, 0, None),
@@ -255,6 +281,8 @@ impl File {
                 appends: Mutex::new(Appends::default()),
                 opened_pool: pool,
                 local,
+                dev: data_dev,
+                assumed_write_probe: assumed.write_probe,
                 cache,
                 settings: settings.clone(),
             }),
@@ -526,10 +554,10 @@ impl File {
         Ok(())
     }
 
-    fn cap_for(&self, direction: Direction) -> usize {
+    fn cap_for(&self, direction: Direction, end: u64) -> usize {
         match direction {
             Direction::Read => usize::MAX,
-            Direction::Write => self.write_cap(),
+            Direction::Write => self.write_cap(end),
         }
     }
 
@@ -548,7 +576,7 @@ impl File {
             tasks,
             direction,
             inline_ok: true,
-            max_active: self.cap_for(direction),
+            max_active: self.cap_for(direction, offset + len as u64),
             run,
         }
     }

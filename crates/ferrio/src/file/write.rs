@@ -50,7 +50,7 @@ impl File {
         let append = self.append_slot();
         let offset = append.as_ref().map_or(offset, |a| a.offset);
         let tasks = self.plan(offset, len)?;
-        self.extend_for_direct_write(offset, len, tasks.len())?;
+        self.prepare_write(offset, len, tasks.len())?;
         let file = self.clone();
         let base = Addr(ptr as usize);
         let run = Box::new(move |w: &mut Worker, t: &Task| {
@@ -89,6 +89,40 @@ impl File {
         Some(AppendSlot { appends, offset })
     }
 
+    /// Before a write is queued: measures the device's writes where the policy needs that to
+    /// choose the write's path ([`File::write_probe`]), then preallocates for a direct write
+    /// that extends the file ([`File::extend_for_direct_write`]).
+    pub(super) fn prepare_write(&self, offset: u64, len: usize, tasks: usize) -> Result<()> {
+        self.write_probe(offset + len as u64);
+        self.extend_for_direct_write(offset, len, tasks)
+    }
+
+    /// The device's write probe ([`policy::WriteProbe`]), measured now (once per process and
+    /// device, in the file's directory) when a write ending at `end` needs it to choose between
+    /// the page cache and `O_DIRECT`; else whatever was measured before, if anything.
+    pub(super) fn write_probe(&self, end: u64) -> Option<policy::WriteProbe> {
+        let pool = self.pool();
+        if self.inner.assumed_write_probe.is_some() {
+            return self.inner.assumed_write_probe;
+        }
+        if !policy::write_needs_probe(
+            self.choices.direct_write,
+            &self.inner.cache,
+            self.inner.local,
+            self.direct().is_some(),
+            end,
+        ) {
+            return self.measured_writes();
+        }
+        pool.write_probe(|| {
+            let dir = match self.inner.path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => std::path::Path::new("."),
+            };
+            crate::direct::measure_writes(dir, self.inner.dev)
+        })
+    }
+
     /// Before a direct write of several tasks that ends past the end of the file, allocates
     /// the part past the end in one `fallocate`, which also moves the end. Local file systems
     /// serialise direct writes that extend a file (each holds the inode lock until its I/O is
@@ -102,14 +136,14 @@ impl File {
         len: usize,
         tasks: usize,
     ) -> Result<()> {
+        let end = offset + len as u64;
         if tasks < 2
             || !self.inner.local
-            || !policy::writes_may_go_direct(self.choices.direct_write, &self.inner.cache)
+            || !self.writes_may_go_direct(end)
             || self.direct().is_none()
         {
             return Ok(());
         }
-        let end = offset + len as u64;
         let size = match sys::fstat(self.fd()) {
             Ok(st) => st.st_size as u64,
             Err(_) => return Ok(()),
@@ -153,14 +187,46 @@ impl File {
     /// on the inode's lock in local file systems, so more than two in flight only adds lock
     /// spinning and CPU time (measured: see benchmarks/RESULTS.md); direct writes and file
     /// systems without a block device (NFS, FUSE) run on every thread.
-    pub(super) fn write_cap(&self) -> usize {
-        if !policy::writes_may_go_direct(self.choices.direct_write, &self.inner.cache)
-            && self.inner.local
+    pub(super) fn write_cap(&self, end: u64) -> usize {
+        if !self.writes_may_go_direct(end) && self.inner.local
         {
             BUFFERED_WRITES_IN_FLIGHT
         } else {
             usize::MAX
         }
+    }
+
+    /// How a write of cold data to this file ending at `end` would go, and why (`ferrio info`):
+    /// measures the device's writes first where the answer depends on them (once per process
+    /// and device: 16 MiB written to an unnamed temporary file in the file's directory).
+    pub fn describe_write(&self, end: u64) -> policy::WriteChoice {
+        let probe = self.write_probe(end);
+        policy::describe_write(
+            self.choices.direct_write,
+            &self.inner.cache,
+            probe.as_ref(),
+            self.inner.local,
+            self.direct().is_some(),
+            end,
+        )
+    }
+
+    /// What the device's write probe measured (or a test assumed), if it has run.
+    pub fn measured_writes(&self) -> Option<policy::WriteProbe> {
+        self.inner
+            .assumed_write_probe
+            .or_else(|| self.pool().measured_writes())
+    }
+
+    /// Whether writes of this file ending at `end` may go direct ([`policy::writes_may_go_direct`]
+    /// with the device's measured writes).
+    fn writes_may_go_direct(&self, end: u64) -> bool {
+        policy::writes_may_go_direct(
+            self.choices.direct_write,
+            &self.inner.cache,
+            self.measured_writes().as_ref(),
+            end,
+        )
     }
 
     /// Writes one task from `src`.
@@ -177,6 +243,7 @@ impl File {
             policy::write_direct(
                 self.choices.direct_write,
                 &self.inner.cache,
+                self.measured_writes().as_ref(),
                 self.inner.local,
                 self.fd(),
                 t.offset,
@@ -184,8 +251,22 @@ impl File {
             )
         });
         let Some((_, _, align)) = direct else {
+            // An `auto` write that could have gone direct: its cost refines the device's verdict.
+            let chosen = self.direct().is_some()
+                && policy::write_needs_probe(
+                    self.choices.direct_write,
+                    &self.inner.cache,
+                    self.inner.local,
+                    true,
+                    t.end(),
+                );
+            let started = std::time::Instant::now();
             // SAFETY: forwarded.
             unsafe { self.pwrite_buffered(src, t.offset, t.len)? };
+            if chosen {
+                let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.pool().record_buffered_write(t.len as u64, ns);
+            }
             return Ok(t.len);
         };
         let parts = plan::direct_parts(t.offset, t.end(), align);

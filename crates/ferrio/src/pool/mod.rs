@@ -34,11 +34,12 @@ pub use threads::{default_threads, suggested_threads};
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use crate::error::Result;
 use crate::plan::Task;
+use crate::policy::{self, WriteProbe};
 use crate::buffer::AlignedBuf;
 use registry::Process;
 
@@ -241,6 +242,14 @@ pub struct DevicePool {
     counters: Counters,
     /// The process whose pool this is, and where its threads are counted.
     process: &'static Process,
+    /// What the first `auto` write that could go either way measured on this device
+    /// ([`crate::policy::WriteProbe`]); `None` inside where it could not be measured.
+    write_probe: OnceLock<Option<WriteProbe>>,
+    /// Bytes and nanoseconds of the `auto` writes that went through the page cache here, each
+    /// timed on its own thread: what buffered writes really cost, which the probe's few MiB may
+    /// not show (fresh memory in a VM, the kernel's dirty limit).
+    buffered_bytes: AtomicU64,
+    buffered_ns: AtomicU64,
 }
 
 impl DevicePool {
@@ -253,6 +262,9 @@ impl DevicePool {
             started: AtomicUsize::new(0),
             counters: Counters::default(),
             process: registry::process(),
+            write_probe: OnceLock::new(),
+            buffered_bytes: AtomicU64::new(0),
+            buffered_ns: AtomicU64::new(0),
         })
     }
 
@@ -261,6 +273,37 @@ impl DevicePool {
     /// ([`pool_in_this_process`]).
     pub(crate) fn is_current(&self) -> bool {
         self.process.is_current()
+    }
+
+    /// The device's write probe: measured by `measure` on the first call (others wait for it),
+    /// remembered for the process.
+    pub(crate) fn write_probe(
+        &self,
+        measure: impl FnOnce() -> Option<WriteProbe>,
+    ) -> Option<WriteProbe> {
+        *self.write_probe.get_or_init(measure)
+    }
+
+    /// What the device's write probe measured, if one has run in this process, with its buffered
+    /// rate replaced by that of the `auto` writes that went through the page cache since, once
+    /// they add up to [`policy::WRITE_RATE_WINDOW`] ([`DevicePool::record_buffered_write`]).
+    pub fn measured_writes(&self) -> Option<WriteProbe> {
+        let probe = self.write_probe.get().copied().flatten()?;
+        let bytes = self.buffered_bytes.load(Ordering::Relaxed);
+        let ns = self.buffered_ns.load(Ordering::Relaxed);
+        if bytes < policy::WRITE_RATE_WINDOW || ns == 0 {
+            return Some(probe);
+        }
+        Some(WriteProbe {
+            buffered: bytes as f64 / (ns as f64 / 1e9),
+            ..probe
+        })
+    }
+
+    /// Counts an `auto` write of `bytes` through the page cache that took `ns` on its thread.
+    pub(crate) fn record_buffered_write(&self, bytes: u64, ns: u64) {
+        self.buffered_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.buffered_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     /// The pool's key.
@@ -522,6 +565,30 @@ mod tests {
                 buf_offset: i,
             })
             .collect()
+    }
+
+    #[test]
+    fn buffered_writes_replace_the_probes_buffered_rate_once_they_fill_the_window() {
+        let pool = DevicePool::new("probe-test".into(), 1);
+        assert_eq!(pool.measured_writes(), None);
+        let probe = WriteProbe {
+            buffered: 4e9,
+            direct: 1e9,
+        };
+        assert_eq!(pool.write_probe(|| Some(probe)), Some(probe));
+        // Measured once: a second caller gets the first answer.
+        assert_eq!(pool.write_probe(|| None), Some(probe));
+        assert!(pool.measured_writes().unwrap().prefers_buffered());
+        // Slow buffered writes (0.5 GB/s), short of the window: the probe still decides.
+        let half = policy::WRITE_RATE_WINDOW / 2;
+        pool.record_buffered_write(half, half * 2);
+        assert_eq!(pool.measured_writes(), Some(probe));
+        // The window is full: their own rate decides, and direct writes win.
+        pool.record_buffered_write(half, half * 2);
+        let seen = pool.measured_writes().unwrap();
+        assert!((seen.buffered - 0.5e9).abs() < 1.0, "{seen:?}");
+        assert_eq!(seen.direct, probe.direct);
+        assert!(!seen.prefers_buffered());
     }
 
     fn req(tasks: Vec<Task>, completion: Arc<Completion>, run: Box<TaskFn>) -> Request {

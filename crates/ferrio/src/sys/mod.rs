@@ -438,6 +438,23 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// Turns `O_DIRECT` on or off for the open file description behind `fd` (`fcntl(2)`; fails
+/// with `EINVAL` where the file system has no direct I/O).
+pub fn set_direct(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    // SAFETY: plain syscall on an open descriptor.
+    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    let want = if on {
+        flags | libc::O_DIRECT
+    } else {
+        flags & !libc::O_DIRECT
+    };
+    if want != flags {
+        // SAFETY: plain syscall on an open descriptor; F_SETFL takes an int argument.
+        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, want) })?;
+    }
+    Ok(())
+}
+
 /// `_IOR(0x12, 114, size_t)`, which libc does not name. The kernel declares the argument as
 /// `size_t` although it writes a `u64`, so the encoded size is the pointer width.
 const BLKGETSIZE64: u64 = {

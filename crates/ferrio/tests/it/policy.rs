@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use ferrio::policy::WriteProbe;
 use ferrio::{pagecache, CacheMode, File, Settings};
 
 use super::common::{data, disk_dir, make_file};
@@ -123,17 +124,115 @@ fn writes_keep_or_bypass_as_asked() {
     f.sync().unwrap();
     assert!(share(&p) >= 0.99, "w-keep: {}", share(&p));
     assert_eq!(std::fs::read(&p).unwrap(), bytes);
-    // auto writes like bypass: buffered writes measured several times slower than direct.
-    for (mode, name) in [(CacheMode::Bypass, "w-bypass"), (CacheMode::Auto, "w-auto")] {
-        let p = dir.path().join(name);
-        let f = File::options().cache(mode).open(&p, "w").unwrap();
+    let p = dir.path().join("w-bypass");
+    let f = File::options()
+        .cache(CacheMode::Bypass)
+        .open(&p, "w")
+        .unwrap();
+    assert_eq!(f.write_at(&bytes, 0).unwrap(), LEN);
+    f.sync().unwrap();
+    if f.direct_support().is_available() {
+        assert!(share(&p) <= 0.03, "w-bypass: {}", share(&p));
+    }
+    assert_eq!(std::fs::read(&p).unwrap(), bytes);
+}
+
+/// A probe that finds buffered writes `buffered` times as fast as direct ones.
+fn probe(buffered: f64) -> WriteProbe {
+    WriteProbe {
+        buffered: buffered * (1u64 << 30) as f64,
+        direct: (1u64 << 30) as f64,
+    }
+}
+
+#[test]
+fn an_auto_write_measures_the_device_once_and_leaves_nothing_behind() {
+    let dir = disk_dir();
+    let bytes = data(LEN, 8);
+    let p = dir.path().join("w-auto");
+    let f = File::open(&p, "w").unwrap();
+    assert_eq!(f.write_at(&bytes, 0).unwrap(), LEN);
+    f.sync().unwrap();
+    assert_eq!(std::fs::read(&p).unwrap(), bytes);
+    if !f.direct_support().is_available() {
+        eprintln!("skipped: no O_DIRECT here");
+        return;
+    }
+    // Which way the write went is tested with assumed probes below: other tests of this process
+    // write to the same device meanwhile, and their buffered writes refine its verdict.
+    let measured = f
+        .measured_writes()
+        .expect("an auto write measures the device");
+    assert!(
+        measured.buffered > 0.0 && measured.direct > 0.0,
+        "{measured:?}"
+    );
+    // Remembered for the device: another file there has it without writing.
+    let other = File::open(dir.path().join("w-other"), "w").unwrap();
+    assert!(other.measured_writes().is_some());
+    // The probe's temporary file left nothing behind.
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+}
+
+#[test]
+fn auto_writes_within_the_limit_go_through_the_page_cache_where_it_is_faster() {
+    let dir = disk_dir();
+    let bytes = data(LEN, 9);
+    for (ratio, cached) in [(4.0, true), (1.1, false)] {
+        let p = dir.path().join(format!("w-{ratio}"));
+        let f = File::options()
+            .assume_write_probe(probe(ratio))
+            .open(&p, "w")
+            .unwrap();
+        if !f.direct_support().is_available() {
+            eprintln!("skipped: no O_DIRECT here");
+            return;
+        }
+        assert!(f.cache_decision().write_keep_limit >= LEN as u64);
         assert_eq!(f.write_at(&bytes, 0).unwrap(), LEN);
         f.sync().unwrap();
-        if f.direct_support().is_available() {
-            assert!(share(&p) <= 0.03, "{name}: {}", share(&p));
-        }
+        let s = share(&p);
+        assert!(if cached { s >= 0.99 } else { s <= 0.03 }, "{ratio}: {s}");
         assert_eq!(std::fs::read(&p).unwrap(), bytes);
     }
+}
+
+#[test]
+fn auto_writes_past_the_limit_bypass_where_buffered_writes_are_faster() {
+    let dir = disk_dir();
+    let bytes = data(LEN, 10);
+    let p = dir.path().join("w-stream");
+    // "Memory" of 8 files: the limit is the smaller of half of it and the kernel's dirty limit.
+    let f = File::options()
+        .assume_available_memory(8 * LEN as u64)
+        .assume_write_probe(probe(4.0))
+        .open(&p, "w")
+        .unwrap();
+    if !f.direct_support().is_available() {
+        eprintln!("skipped: no O_DIRECT here");
+        return;
+    }
+    let limit = f.cache_decision().write_keep_limit;
+    assert!(limit > 0 && limit <= 4 * LEN as u64, "{limit}");
+    // A write that ends past the limit goes direct: nothing of it stays cached.
+    let past = limit.next_multiple_of(1 << 20);
+    assert_eq!(f.write_at(&bytes, past).unwrap(), LEN);
+    f.sync().unwrap();
+    let after = pagecache::residency(&p, past, Some(LEN as u64)).unwrap();
+    assert!(after.share() <= 0.03, "past the limit: {}", after.share());
+    // One that ends within it is kept.
+    let head = &bytes[..(limit as usize).min(LEN) / 2];
+    assert_eq!(f.write_at(head, 0).unwrap(), head.len());
+    let within = pagecache::residency(&p, 0, Some(head.len() as u64)).unwrap();
+    assert!(
+        within.share() >= 0.99,
+        "within the limit: {}",
+        within.share()
+    );
+    let back = std::fs::read(&p).unwrap();
+    assert_eq!(&back[past as usize..], &bytes[..]);
+    assert_eq!(&back[..head.len()], head);
 }
 
 #[test]
