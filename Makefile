@@ -12,7 +12,7 @@ BENCH_ARGS ?= --compare
 PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors "moto[server]" gcp-storage-emulator
 
 .PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-python deps-node install \
-	build gpu-wheel gpu-test
+	build gpu-wheel gpu-nginx gpu-test
 
 help:
 	@echo "make bench   install what is missing, build, run 'ferrio bench $(BENCH_ARGS)'"
@@ -79,6 +79,10 @@ gpu-wheel: deps-python
 	  | $(PYTHON) -c 'import json,sys; print([json.loads(l)["executable"] for l in sys.stdin if "\"executable\":\"/" in l][-1])')" \
 	  .carry/bin/ferrio-tests
 	strip .carry/bin/ferrio .carry/bin/ferrio-tests .carry/bin/ring_throughput  # the carry limit is 64 MiB
+
+# nginx with its lua module for benchmarks/remote_compare.py on the GPU machines, which have none.
+gpu-nginx:
+	bash benchmarks/carry_nginx.sh .carry/nginx
 
 # There: everything that needs the GPU, logs in $OUT (benchmarks/gpu_all.sh).
 gpu-test:

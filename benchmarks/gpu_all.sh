@@ -140,10 +140,11 @@ fi
 if want remote; then
 step remote-compare
 # Issue 17 on the GPU machine: remote reads into host and GPU memory against KvikIO's RemoteFile,
-# from a local server capped per request (no nginx there: the script's threaded Python server).
+# from a local server capped per request: nginx from .carry/nginx where carried (`make
+# gpu-nginx`; the machine has none), else the script's threaded Python server.
 mkdir -p /dev/shm/ferrio-remote
 timeout "${REMOTE_TIMEOUT:-150}" python3 benchmarks/remote_compare.py --size "${REMOTE_SIZE:-1GiB}" --rate 100m \
-  --rounds "${REMOTE_ROUNDS:-2}" --gpu --settings capped --clients "${REMOTE_CLIENTS:-ferrio,kvikio,kvikio-32}" \
+  --rounds "${REMOTE_ROUNDS:-2}" --gpu --settings "${REMOTE_SETTINGS:-capped}" --clients "${REMOTE_CLIENTS:-ferrio,kvikio,kvikio-32}" \
   --timeout 60 --dir /dev/shm/ferrio-remote --json "$LOGS/remote_compare.json" >"$LOGS/remote_compare.log" 2>&1
 tail -25 "$LOGS/remote_compare.log" | tee -a "$S"
 rm -rf /dev/shm/ferrio-remote

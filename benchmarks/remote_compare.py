@@ -13,9 +13,11 @@ directory, run in the foreground and stopped at the end. It serves one object at
   instead of spread over that time;
 - ``/slow/bucket/object.bin``: the same plus a first-byte delay (``--delay-ms``) per request.
 
-Without nginx or its lua module (the GPU machine has neither) a threaded Python server stands
-in, streaming at the cap from the first byte (``os.sendfile`` in 256 KiB steps, paced), with the
-same per-request delay; the first line of the output says which server ran.
+Where the OS has no nginx (the GPU machines), a bundle of this machine's nginx, lua module and
+shared libraries made by ``benchmarks/carry_nginx.sh`` runs instead, from ``.carry/nginx`` (or
+``$FERRIO_NGINX_BUNDLE``), through its own dynamic loader. Without either a threaded Python
+server stands in, streaming at the cap from the first byte (``os.sendfile`` in 256 KiB steps,
+paced), with the same per-request delay; the first line of the output says which server ran.
 Path-style ``/capped/bucket/object.bin`` is also an S3 endpoint for boto3 (unsigned requests;
 the server ignores authentication).
 
@@ -235,6 +237,7 @@ error_log {tmp}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
     access_log off;
+    {lua_path}
     sendfile on;
     keepalive_requests 100000;
     client_body_temp_path {tmp}/body;
@@ -275,6 +278,9 @@ LUA_MODULES = [
     "/usr/lib/nginx/modules/ngx_http_lua_module.so",
 ]
 
+# benchmarks/carry_nginx.sh's bundle: sbin/nginx, modules/, lua/ and lib/ (the loader included).
+BUNDLE = Path(os.environ.get("FERRIO_NGINX_BUNDLE", Path(__file__).parent.parent / ".carry/nginx"))
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -293,22 +299,39 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes] | None, log: Path |
     raise SystemExit("the server did not start listening within 20 s")
 
 
-def _have_nginx() -> bool:
+def _installed_nginx() -> bool:
     """Whether nginx and its lua module (the pacing) are installed."""
     found = shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")
     return bool(found) and all(os.path.exists(m) for m in LUA_MODULES)
 
 
+def _have_nginx() -> bool:
+    """Whether nginx with its lua module is installed or bundled."""
+    return _installed_nginx() or (BUNDLE / "sbin/nginx").exists()
+
+
+def _nginx_command() -> tuple[list[str], list[str], str]:
+    """How to run nginx, the modules to load, and the lua_package_path line (bundle only)."""
+    if _installed_nginx():
+        return [shutil.which("nginx") or "/usr/sbin/nginx"], LUA_MODULES, ""
+    lib = BUNDLE / "lib"
+    cmd = [str(lib / "ld-linux-x86-64.so.2"), "--library-path", str(lib)]
+    cmd.append(str(BUNDLE / "sbin/nginx"))
+    modules = [str(BUNDLE / "modules" / Path(m).name) for m in LUA_MODULES]
+    return cmd, modules, f'lua_package_path "{BUNDLE}/lua/?.lua;;";'
+
+
 @contextlib.contextmanager
 def _nginx(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, str]]:
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    nginx, modules, lua_path = _nginx_command()
     tmp = Path(tempfile.mkdtemp(prefix="ferrio-nginx-"))
     size = (root / "bucket" / "object.bin").stat().st_size
     conf = NGINX_CONF.format(
         workers=max(2, min(8, os.cpu_count() or 2)),
         tmp=tmp,
         user="user root;" if os.geteuid() == 0 else "",
-        modules="\n".join(f"load_module {m};" for m in LUA_MODULES),
+        modules="\n".join(f"load_module {m};" for m in modules),
+        lua_path=lua_path,
         port=(port := _free_port()),
         root=root,
         capped=PACE % (size, rate, 0.0),
@@ -316,12 +339,13 @@ def _nginx(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, str]]:
     )
     (tmp / "nginx.conf").write_text(conf)
     proc = subprocess.Popen(
-        [nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log")],
+        [*nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log")],
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         _wait_listening(port, proc, tmp / "error.log")
-        how = f"nginx {_nginx_version(nginx)}, each request paced to {rate} B/s (lua),"
+        bundled = " (bundled)" if lua_path else ""
+        how = f"nginx {_nginx_version(nginx)}{bundled}, each request paced to {rate} B/s (lua),"
         how += f" slow: +{delay_ms} ms before the first byte"
         yield f"http://127.0.0.1:{port}", how
     finally:
@@ -334,8 +358,8 @@ def _nginx(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, str]]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _nginx_version(nginx: str) -> str:
-    out = subprocess.run([nginx, "-v"], capture_output=True, text=True, check=False)
+def _nginx_version(nginx: list[str]) -> str:
+    out = subprocess.run([*nginx, "-v"], capture_output=True, text=True, check=False)
     return out.stderr.strip().split("/")[-1]
 
 
