@@ -551,6 +551,8 @@ fn gpu_reads_land_every_range_in_place_as_ranges_finish() {
 fn gpu_read_pieces_are_kept_and_bounded_by_concurrency_and_the_cap() {
     let body = data(1 << 20);
     let server = serve(body.clone());
+    // GETs slow enough that all 4 at once want a piece: the pool grows to its limit.
+    server.object.delay_ms.store(20, Ordering::Relaxed);
     let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
     let device = EmulatedDevice::default();
     let piece = 64usize << 10;
@@ -568,12 +570,7 @@ fn gpu_read_pieces_are_kept_and_bounded_by_concurrency_and_the_cap() {
         assert_pieces_come_back(&pool);
         made.push((pool.pieces(), device.pinned_allocations()));
     }
-    let (pieces, allocations) = made[0];
-    assert!(
-        (ferrio::bounce::MIN_PIECES..=4).contains(&pieces),
-        "{pieces} pieces"
-    );
-    assert_eq!(allocations, pieces, "only the pieces are pinned");
+    assert_eq!(made[0], (4, 4), "4 pieces, and nothing else pinned");
     assert_eq!(made, vec![made[0]; 3], "later reads reuse the pieces");
     drop(pool);
     assert_eq!(
