@@ -583,3 +583,88 @@ pub(crate) fn cuda_piece_pool(
     pools.push(pool.clone());
     Ok(pool)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{PieceCopies, PiecePool, MIN_PIECES};
+    use crate::bounce::emulated::EmulatedDevice;
+    use crate::bounce::PinnedBudget;
+    use crate::error::Error;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn pieces_go_back_only_after_their_copies() {
+        // Copies slow enough that one is surely still running when looked at just after.
+        let device = EmulatedDevice::new(Duration::from_millis(300));
+        let budget = Arc::new(PinnedBudget::new(u64::MAX));
+        let pool = Arc::new(PiecePool::new(device.clone(), 5000, budget.clone()).unwrap());
+        assert_eq!(pool.piece_len(), 8192, "rounded up to whole pages");
+        let rt = runtime();
+        let mut a = rt.block_on(pool.take(8)).unwrap();
+        let b = rt.block_on(pool.take(8)).unwrap();
+        assert_eq!((pool.pieces(), pool.free_pieces()), (2, 0));
+        assert_eq!(budget.used(), 2 * 8192);
+        drop(b);
+        assert_eq!(pool.free_pieces(), 1, "a dropped piece goes back");
+        a.bytes_mut().fill(7);
+        let dst = device.alloc_device(3 * 8192).unwrap();
+        let mut copies = PieceCopies::new(&pool).unwrap();
+        // SAFETY: `dst` is emulated device memory of 3 pieces, freed after the copies finish.
+        unsafe { copies.start_copy(a, 8192, dst) }.unwrap();
+        copies.reclaim().unwrap();
+        assert_eq!(copies.in_flight(), 1, "its copy still runs");
+        assert_eq!(pool.free_pieces(), 1);
+        copies.wait_oldest().unwrap();
+        assert_eq!((copies.in_flight(), pool.free_pieces()), (0, 2));
+        assert_eq!(device.read_device(dst, 8192).unwrap(), vec![7; 8192]);
+        // A copy longer than the piece, or of another pool's piece, is refused (and the piece
+        // goes back to its own pool).
+        let c = rt.block_on(pool.take(8)).unwrap();
+        // SAFETY: refused before any copy starts.
+        let err = unsafe { copies.start_copy(c, 8193, dst) }.unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        let other = Arc::new(PiecePool::new(device.clone(), 8192, budget.clone()).unwrap());
+        let d = rt.block_on(other.take(8)).unwrap();
+        // SAFETY: refused before any copy starts.
+        let err = unsafe { copies.start_copy(d, 10, dst) }.unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        assert_eq!((pool.free_pieces(), other.free_pieces()), (2, 1));
+        drop(copies);
+        drop((pool, other));
+        assert_eq!(budget.used(), 0);
+        assert_eq!(device.pinned_allocations(), 0);
+        assert_eq!((device.live_events(), device.live_streams()), (0, 0));
+        device.free_device(dst).unwrap();
+        assert_eq!(device.violations(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_full_pool_makes_takers_wait_for_a_piece_to_come_back() {
+        let device = EmulatedDevice::default();
+        // No room under the cap: the pool holds the pieces every pool gets, no more.
+        let budget = Arc::new(PinnedBudget::new(0));
+        let pool = Arc::new(PiecePool::new(device.clone(), 4096, budget).unwrap());
+        let rt = runtime();
+        let held: Vec<_> = (0..MIN_PIECES)
+            .map(|_| rt.block_on(pool.take(8)).unwrap())
+            .collect();
+        let waiting = {
+            let pool = pool.clone();
+            rt.spawn(async move { pool.take(8).await.map(|_| ()) })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiting.is_finished(), "no piece free and none may be made");
+        drop(held);
+        rt.block_on(waiting).unwrap().unwrap();
+        assert_eq!(pool.pieces(), MIN_PIECES);
+    }
+}
