@@ -269,6 +269,9 @@ where
                         Ok(Err(e)) if self.lock().pieces == 0 => return Err(e),
                         Ok(Err(_)) => {}
                         Err(e) => {
+                            // The blocking task never ran or panicked: let the next taker try
+                            // (the piece stays counted; it may exist, leaked).
+                            self.lock().growing = false;
                             return Err(Error::InvalidArgument(format!(
                                 "pinning a piece of {} bytes: {e}",
                                 self.piece_len

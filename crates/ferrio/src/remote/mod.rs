@@ -489,9 +489,16 @@ impl RemoteFile {
         E::Stream: Send,
     {
         let n = self.available(offset, len);
+        let settings = &self.inner.settings;
+        let longest = settings.remote_range_size.min(n as u64);
+        if (pool.piece_len() as u64) < longest {
+            return Err(Error::InvalidArgument(format!(
+                "pinned pieces of {} bytes cannot hold ranges of {longest} bytes",
+                pool.piece_len()
+            )));
+        }
         let (pinned, in_flight) = self.pinned()?;
         let handle = runtime::handle()?;
-        let settings = &self.inner.settings;
         // One task for the whole transfer: the GETs supply the parallelism.
         let task = Task {
             offset,

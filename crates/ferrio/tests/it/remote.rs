@@ -543,6 +543,11 @@ fn gpu_reads_land_every_range_in_place_as_ranges_finish() {
     let zero = unsafe { f.pread_device_with(&pool, DevicePtr(0), 0, 0) }.wait();
     assert_eq!(zero.unwrap(), 0);
     assert_eq!(device.copies_issued(), copies);
+    // Pieces shorter than the ranges are refused, not overrun.
+    let small = piece_pool(&device, 4096, u64::MAX);
+    let mem = EmuMem::new(&device, 1 << 17);
+    let err = start_gpu_read(&f, &small, &mem, 0).wait().unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     assert_eq!(device.violations(), Vec::<String>::new());
     assert_pieces_come_back(&pool);
 }
