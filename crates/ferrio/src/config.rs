@@ -156,7 +156,8 @@ pub struct Settings {
     pub fill_in_flight: usize,
     /// Pinned bounce buffers per worker (the ring's depth).
     pub bounce_buffers: usize,
-    /// Cap on pinned host memory held by all bounce rings.
+    /// Cap on pinned host memory held by all bounce rings and by the pinned pieces of remote
+    /// reads into GPU memory.
     pub pinned_limit: u64,
     /// How the bounce rings' pinned memory is made.
     pub pinned_memory: PinnedMemory,
@@ -396,7 +397,8 @@ pub const SETTINGS: &[SettingInfo] = &[
         env: "FERRIO_PINNED_LIMIT",
         unit: "bytes",
         default: "1 GiB",
-        doc: "cap on pinned host memory held by all bounce rings",
+        doc: "cap on pinned host memory held by all bounce rings and by the pinned pieces of \
+              remote reads into GPU memory",
         get: |s| s.pinned_limit.to_string(),
         set: |s, v| {
             s.pinned_limit = size(v, 0, SIZE_FORMS)?;

@@ -18,8 +18,9 @@
 //! that lets CI check ordering, overlap and buffer reuse without a GPU.
 //!
 //! Rings are made once per (worker thread, CUDA context) and reused: [`read_to_device`] and
-//! [`write_from_device`] find the calling thread's ring in a thread-local [`RingSet`]. All rings
-//! share one cap on pinned memory ([`PinnedBudget`], from [`Settings::pinned_limit`]).
+//! [`write_from_device`] find the calling thread's ring in a thread-local [`RingSet`]. All rings,
+//! and the piece pools, share one cap on pinned memory ([`PinnedBudget`], from
+//! [`Settings::pinned_limit`]).
 //!
 //! A fresh ring pins all its buffers before its first copy. (Pinning only the first and the rest
 //! on a background thread was measured and gained nothing: the driver pins one allocation at a
@@ -32,6 +33,9 @@
 //!
 //! - `mod.rs`: the [`CopyEngine`] trait, [`PINNED_ALIGN`] and the shared [`PinnedBudget`];
 //! - `ring.rs`: [`BounceRing`], one ring and its copy loop;
+//! - `pieces.rs`: [`PiecePool`] and [`PieceCopies`], pinned pieces that many tasks fill at once
+//!   and out of order (ranged GETs of a remote object) and that are copied to the device
+//!   straight from there, with the per-context pools of the real driver;
 //! - `thread_rings.rs`: [`RingSet`] and the calling thread's rings behind [`read_to_device`],
 //!   [`write_from_device`] and the other free functions;
 //! - `trace.rs`: the opt-in timeline (`FERRIO_TRACE`);
@@ -41,6 +45,7 @@
 mod cuda;
 #[cfg(any(test, feature = "testing"))]
 pub mod emulated;
+mod pieces;
 mod ring;
 mod thread_rings;
 pub(crate) mod trace;
@@ -54,6 +59,10 @@ use crate::cuda::DevicePtr;
 use crate::error::Result;
 
 pub use self::cuda::CudaEngine;
+pub(crate) use pieces::cuda_piece_pool;
+pub use pieces::{Piece, PieceCopies, PiecePool};
+#[cfg(any(test, feature = "testing"))]
+pub use pieces::MIN_PIECES;
 pub use ring::BounceRing;
 #[cfg(any(test, feature = "testing"))]
 pub use ring::RingStats;
@@ -189,7 +198,8 @@ pub trait CopyEngine {
     ) -> Result<()>;
 }
 
-/// The cap on pinned memory held by bounce rings, shared by every ring made with it.
+/// The cap on pinned memory held by bounce rings (and piece pools), shared by every ring and
+/// pool made with it.
 ///
 /// The cap is soft by design: a ring always gets its first buffer, even past the cap, so a read
 /// never fails (or waits for another worker's ring, which may never be given back) because of

@@ -25,10 +25,10 @@ pub struct RingStats {
 }
 
 /// One pinned host buffer: an allocation and the page-aligned part of it in use.
-struct PinnedBuffer {
-    alloc: NonNull<u8>,
-    alloc_len: usize,
-    data: NonNull<u8>,
+pub(super) struct PinnedBuffer {
+    pub(super) alloc: NonNull<u8>,
+    pub(super) alloc_len: usize,
+    pub(super) data: NonNull<u8>,
 }
 
 /// Chunks per ring whose read and copy the trace shows, and waits per ring it shows.
@@ -540,7 +540,7 @@ impl<E: CopyEngine> BounceRing<E> {
 
 /// A pinned buffer of `len` bytes starting on a page boundary, zero-filled (which also faults its
 /// pages in now rather than during the first read).
-fn alloc_buffer<E: CopyEngine>(engine: &E, len: usize) -> Result<PinnedBuffer> {
+pub(super) fn alloc_buffer<E: CopyEngine>(engine: &E, len: usize) -> Result<PinnedBuffer> {
     let started = trace::start();
     let first = engine.alloc_pinned(len)?;
     let buf = if (first.as_ptr() as usize) % PINNED_ALIGN == 0 {

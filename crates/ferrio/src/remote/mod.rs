@@ -8,10 +8,13 @@
 //! the library (`runtime.rs`), at most [`Settings::remote_concurrency`] at once per store (all
 //! objects of one bucket, container or server share the cap: `store::in_flight_cap`), and
 //! each lands directly in its slice of the caller's memory; the same [`IoFuture`] reports the
-//! outcome. GPU memory is filled through the existing bounce ring, fed by ranged GETs instead of
-//! `pread`, so no new GPU path exists. The object's size and version (ETag, version id, or where
-//! a server gives no ETag its Last-Modified time) are fixed at open and every range is
-//! conditional on them (`fetch.rs`).
+//! outcome. For GPU memory each GET lands in a pinned piece of the context's `PiecePool`
+//! (`bounce/pieces.rs`) instead, and one thread copies each piece to its place in device memory
+//! as soon as it has landed, in any order, then gives it back once that copy has completed: the
+//! bytes are copied on the host once, from the body into pinned memory, as for a host read (the
+//! pool and its copies live in `bounce/`, which knows no source). The object's size and version
+//! (ETag, version id, or where a server gives no ETag its Last-Modified time) are fixed at open
+//! and every range is conditional on them (`fetch.rs`).
 //!
 //! This module touches no file descriptor and no worker pool; `store.rs` is the only file that
 //! knows store kinds and their configuration.
@@ -31,7 +34,7 @@ use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 use tokio::sync::Semaphore;
 
-use crate::bounce;
+use crate::bounce::{self, CopyEngine, Piece, PieceCopies, PiecePool};
 use crate::buffer::IoBufMut;
 use crate::config::Settings;
 use crate::cuda::{self, DevicePtr, Memory};
@@ -389,8 +392,9 @@ impl RemoteFile {
     }
 
     /// Reads `len` bytes at `offset` into GPU memory at `dst`: ranged GETs (up to
-    /// [`Settings::remote_concurrency`] ahead) fill the pinned bounce ring, whose copies to the
-    /// device overlap the next GETs. Fails with [`Error::CudaUnavailable`] without a driver and
+    /// [`Settings::remote_concurrency`] at once) land in pinned host memory, and each range is
+    /// copied to its place in device memory as soon as it has landed, in whatever order the
+    /// ranges finish. Fails with [`Error::CudaUnavailable`] without a driver and
     /// [`Error::InvalidArgument`] when `dst` is not device memory.
     ///
     /// # Safety
@@ -402,6 +406,35 @@ impl RemoteFile {
         IoFuture::started(unsafe { self.start_device(dst, len, offset) }, ())
     }
 
+    #[cfg(any(test, feature = "testing"))]
+    /// [`RemoteFile::pread_device`] through the pieces of `pool` and its engine (in tests, the
+    /// emulated device), without asking the driver what `dst` is.
+    ///
+    /// # Safety
+    /// As for `pread_device`, with `dst..dst+len` device memory of `pool`'s engine.
+    pub unsafe fn pread_device_with<E>(
+        &self,
+        pool: &Arc<PiecePool<E>>,
+        dst: DevicePtr,
+        len: usize,
+        offset: u64,
+    ) -> IoFuture
+    where
+        E: CopyEngine + Send + Sync + 'static,
+        E::Event: Send,
+        E::Stream: Send,
+    {
+        let started = if self.available(offset, len) == 0 {
+            Ok(Completion::new(offset, 0, 0))
+        } else if dst.checked_add(len).is_none() {
+            Err(Error::InvalidArgument("device range wraps around".into()))
+        } else {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { self.start_pieces(pool.clone(), dst, len, offset) }
+        };
+        IoFuture::started(started, ())
+    }
+
     /// # Safety
     /// As [`RemoteFile::pread_device`].
     unsafe fn start_device(
@@ -410,8 +443,7 @@ impl RemoteFile {
         len: usize,
         offset: u64,
     ) -> Result<Arc<Completion>> {
-        let n = self.available(offset, len);
-        if n == 0 {
+        if self.available(offset, len) == 0 {
             return Ok(Completion::new(offset, 0, 0));
         }
         cuda::available()?;
@@ -427,11 +459,47 @@ impl RemoteFile {
         if dst.checked_add(len).is_none() {
             return Err(Error::InvalidArgument("device range wraps around".into()));
         }
+        let settings = &self.inner.settings;
+        // Pieces of a whole range even for a shorter read: the context's pool serves every read.
+        let piece_len = usize::try_from(settings.remote_range_size).unwrap_or(usize::MAX);
+        let pool = bounce::cuda_piece_pool(context, piece_len, settings)?;
+        // SAFETY: forwarded from this function's contract; `dst` is device memory of `context`,
+        // the pool's.
+        unsafe { self.start_pieces(pool, dst, len, offset) }
+    }
+
+    /// Starts a device read of the object's bytes in `offset..offset+len` (some inside it):
+    /// ranged GETs, each a task of the runtime, take a piece of `pool`, fill it and hand it over
+    /// as soon as it is full; one blocking thread copies each piece to its place in device
+    /// memory and gives it back to the pool once that copy has completed.
+    ///
+    /// # Safety
+    /// As [`RemoteFile::pread_device`], with `dst..dst+len` device memory of `pool`'s engine
+    /// that does not wrap around.
+    unsafe fn start_pieces<E>(
+        &self,
+        pool: Arc<PiecePool<E>>,
+        dst: DevicePtr,
+        len: usize,
+        offset: u64,
+    ) -> Result<Arc<Completion>>
+    where
+        E: CopyEngine + Send + Sync + 'static,
+        E::Event: Send,
+        E::Stream: Send,
+    {
+        let n = self.available(offset, len);
+        let settings = &self.inner.settings;
+        let longest = settings.remote_range_size.min(n as u64);
+        if (pool.piece_len() as u64) < longest {
+            return Err(Error::InvalidArgument(format!(
+                "pinned pieces of {} bytes cannot hold ranges of {longest} bytes",
+                pool.piece_len()
+            )));
+        }
         let (pinned, in_flight) = self.pinned()?;
         let handle = runtime::handle()?;
-        let settings = self.inner.settings.clone();
-        // One task for the whole transfer: the ring fills its buffers in order, and the GETs
-        // ahead of it supply the parallelism.
+        // One task for the whole transfer: the GETs supply the parallelism.
         let task = Task {
             offset,
             len,
@@ -440,51 +508,43 @@ impl RemoteFile {
         let completion = Completion::new(offset, len, 1);
         let ranges = plan::split(offset, n, settings.remote_range_size, 1);
         let ahead = settings.remote_concurrency.max(1);
-        // The GETs in flight are the read-ahead; the channel only hands finished ranges over,
-        // so host memory stays near `ahead` ranges, in buffers that go round (`Pieces`).
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(Vec<u8>, usize)>>(2);
-        let range_len = usize::try_from(settings.remote_range_size)
-            .unwrap_or(usize::MAX)
-            .min(n);
-        let pieces = Arc::new(Pieces::new(range_len));
+        // Pinned memory stays near `ahead` pieces (GETs filling, ranges handed over, copies
+        // running), kept in the pool for the next read; the channel has room for every piece,
+        // so no GET holding one waits on it.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(Task, Piece<E>)>>(ahead);
         let producer = {
-            let pinned = pinned.clone();
             let spawner = handle.clone();
-            let pieces = pieces.clone();
+            let pool = pool.clone();
             async move {
                 // Each GET is a task of its own, so that the runtime's threads share the work of
-                // receiving the bodies (polled inside this one future, they all ran on one
-                // thread); they are handed over in order, and dropping the stream (a cancel, an
-                // error) aborts those still running.
+                // receiving the bodies; they are handed over as they finish, and dropping the
+                // stream (a cancel, an error) aborts those still running, whose pieces go back.
                 let mut gets = futures::stream::iter(ranges)
                     .map(|r| {
                         let pinned = pinned.clone();
                         let in_flight = in_flight.clone();
-                        let pieces = pieces.clone();
+                        let pool = pool.clone();
                         runtime::AbortOnDrop(spawner.spawn(async move {
-                            // The store's cap holds here too: GPU and host reads share it.
+                            // The piece first, then the store's permit (GPU and host reads share
+                            // the cap): in that order a GET holding a permit always has its
+                            // piece, so reads sharing a pool and a store cannot wait on each
+                            // other in a circle.
+                            let mut piece = pool.take(ahead).await?;
                             let _permit = in_flight.acquire_owned().await;
-                            let mut piece = pieces.take(r.len);
-                            let fetched = pinned
+                            pinned
                                 .fetch_into(
                                     r.offset..r.offset + r.len as u64,
-                                    &mut piece[..r.len],
+                                    &mut piece.bytes_mut()[..r.len],
                                     &count_read,
                                 )
-                                .await;
-                            match fetched {
-                                Ok(()) => Ok((piece, r.len)),
-                                Err(e) => {
-                                    pieces.give(piece);
-                                    Err(e)
-                                }
-                            }
+                                .await?;
+                            Ok((r, piece))
                         }))
                     })
-                    .buffered(ahead);
-                while let Some(piece) = gets.next().await {
-                    let failed = piece.is_err();
-                    if tx.send(piece).await.is_err() || failed {
+                    .buffer_unordered(ahead);
+                while let Some(landed) = gets.next().await {
+                    let failed = landed.is_err();
+                    if tx.send(landed).await.is_err() || failed {
                         return;
                     }
                 }
@@ -496,38 +556,11 @@ impl RemoteFile {
         }));
         let done = completion.clone();
         handle.spawn_blocking(move || {
-            // The range being copied out, its length, and how much of it has been.
-            let mut current: Vec<u8> = Vec::new();
-            let mut current_len = 0usize;
-            let mut used = 0usize;
-            let mut fill = |buf: &mut [u8], _off: u64| -> Result<usize> {
-                let mut filled = 0;
-                while filled < buf.len() {
-                    if done.is_cancelled() {
-                        return Err(Error::Cancelled);
-                    }
-                    if used == current_len {
-                        // Copied out: its buffer goes back for a GET to come.
-                        pieces.give(std::mem::take(&mut current));
-                        match rx.blocking_recv() {
-                            Some(Ok((next, len))) => (current, current_len, used) = (next, len, 0),
-                            Some(Err(e)) => return Err(e),
-                            // The GETs stopped: a cancel, or the object's end.
-                            None if done.is_cancelled() => return Err(Error::Cancelled),
-                            None => break,
-                        }
-                    }
-                    let take = (current_len - used).min(buf.len() - filled);
-                    buf[filled..filled + take].copy_from_slice(&current[used..used + take]);
-                    used += take;
-                    filled += take;
-                }
-                Ok(filled)
-            };
-            let started =
-                bounce::start_read_to_device(context, dst, n, offset, &settings, &mut fill);
-            let finished = bounce::finish_thread_ring(context);
-            let outcome = started.and_then(|got| finished.map(|()| got));
+            // SAFETY: `dst..dst+n` is the caller's device memory of the pool's engine, valid and
+            // unwritten by others until the future resolves, which is after this reports.
+            let outcome = unsafe { copy_landed(&pool, &mut rx, dst, &done) };
+            // Ranges still in the channel go back to the pool before the read reports.
+            drop(rx);
             // A cancelled transfer is skipped, not failed (as a cancelled host read is).
             let outcome = match outcome {
                 Err(Error::Cancelled) => None,
@@ -539,44 +572,60 @@ impl RemoteFile {
     }
 }
 
-/// The host buffers of one GPU read's ranges. A range's bytes land in a buffer taken here and
-/// wait there until the bounce ring has copied them out; the buffer then comes back for a later
-/// range, so a large read goes round the few buffers its read-ahead needs (GETs in flight, the
-/// hand-over channel, the one being copied out) instead of faulting in fresh zeroed pages for
-/// every range.
-struct Pieces {
-    free: Mutex<Vec<Vec<u8>>>,
-    /// Bytes of every buffer: the range size (or the whole read, when smaller).
-    size: usize,
-}
-
-impl Pieces {
-    fn new(size: usize) -> Pieces {
-        Pieces {
-            free: Mutex::new(Vec::new()),
-            size,
+/// The consumer of a device read ([`RemoteFile::start_pieces`]): copies each range that landed
+/// to `dst` plus its place in the read, as ranges arrive, and gives each piece back once its
+/// copy has completed. Returns the bytes copied once the GETs have stopped and every copy has
+/// completed; the first error (a GET's, a copy's) or a cancel stops it, after the copies already
+/// started have completed.
+///
+/// # Safety
+/// `dst` plus the extent of every range handed over must be device memory of `pool`'s engine,
+/// valid and written by nothing else until this returns.
+unsafe fn copy_landed<E: CopyEngine>(
+    pool: &Arc<PiecePool<E>>,
+    landed: &mut tokio::sync::mpsc::Receiver<Result<(Task, Piece<E>)>>,
+    dst: DevicePtr,
+    done: &Completion,
+) -> Result<usize> {
+    use tokio::sync::mpsc::error::TryRecvError;
+    let mut copies = PieceCopies::new(pool)?;
+    let mut copied = 0usize;
+    let stopped = loop {
+        if done.is_cancelled() {
+            break Err(Error::Cancelled);
         }
-    }
-
-    /// A buffer of at least `len` bytes: a returned one, or a new one.
-    fn take(&self, len: usize) -> Vec<u8> {
-        // Whole pushes and pops only: a poisoned list is consistent.
-        let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        match reused {
-            Some(piece) if piece.len() >= len => piece,
-            _ => vec![0u8; self.size.max(len)],
+        let next = match landed.try_recv() {
+            Ok(next) => Some(next),
+            // Nothing new: give back the oldest piece (a GET may be waiting for one), then look
+            // again; only with no copy running is there nothing to do but wait.
+            Err(TryRecvError::Empty) if copies.in_flight() > 0 => match copies.wait_oldest() {
+                Ok(()) => continue,
+                Err(e) => break Err(e),
+            },
+            Err(TryRecvError::Empty) => landed.blocking_recv(),
+            Err(TryRecvError::Disconnected) => None,
+        };
+        match next {
+            Some(Ok((range, piece))) => {
+                // `buf_offset + len <= n <= len` of the read, checked not to wrap around.
+                let at = DevicePtr(dst.0 + range.buf_offset as u64);
+                // SAFETY: `at..at+range.len` lies in the caller's device memory (this function's
+                // contract).
+                let started = unsafe { copies.start_copy(piece, range.len, at) };
+                if let Err(e) = started.and_then(|()| copies.reclaim()) {
+                    break Err(e);
+                }
+                copied += range.len;
+            }
+            Some(Err(e)) => break Err(e),
+            // The GETs stopped: a cancel, or every range has landed.
+            None if done.is_cancelled() => break Err(Error::Cancelled),
+            None => break Ok(copied),
         }
-    }
-
-    /// Returns a buffer for reuse (an empty one, the consumer's start, is dropped).
-    fn give(&self, piece: Vec<u8>) {
-        if piece.len() >= self.size {
-            self.free
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(piece);
-        }
-    }
+    };
+    // Report the first error, but only once no copy runs any more.
+    let finished = copies.finish();
+    stopped.and_then(|n| finished.map(|()| n))
 }
 
 /// A pointer into the caller's memory, sent to the runtime task that fills its slice.
@@ -618,29 +667,4 @@ fn is_refusal(e: &object_store::Error) -> bool {
             | object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. }
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Pieces;
-
-    #[test]
-    fn range_buffers_go_round() {
-        let pieces = Pieces::new(1000);
-        let a = pieces.take(1000);
-        let b = pieces.take(1000);
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        pieces.give(a);
-        pieces.give(b);
-        pieces.give(Vec::new());
-        // The last, shorter range reuses a full buffer too; no third buffer is made.
-        let c = pieces.take(10);
-        let d = pieces.take(1000);
-        assert_eq!(
-            [c.as_ptr(), d.as_ptr()].map(|p| p == pa || p == pb),
-            [true, true]
-        );
-        assert_ne!(c.as_ptr(), d.as_ptr());
-        assert_eq!((c.len(), d.len()), (1000, 1000));
-    }
 }

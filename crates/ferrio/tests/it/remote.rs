@@ -1,7 +1,9 @@
 //! `RemoteFile` against a tiny HTTP server on 127.0.0.1 (std only, one thread per connection,
 //! `Connection: close`): ranged reads byte for byte, reads past the end, a missing object, a
 //! malformed URL, a server that ignores `Range`, and an object replaced between requests; a
-//! cancel that stops GETs in flight; downloads with `ferrio::copy` (complete or no file).
+//! cancel that stops GETs in flight; downloads with `ferrio::copy` (complete or no file); GPU
+//! reads through pinned pieces on the emulated device (ranges copied as they land, pieces kept
+//! and capped, never refilled under a copy, failures and cancels).
 //! Python's tests (`python/tests/test_remote.py`, `test_remote_write.py`) cover S3 through moto,
 //! retries, dropped connections, uploads and copies to URLs.
 
@@ -10,9 +12,14 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use ferrio::bounce::emulated::EmulatedDevice;
+use ferrio::bounce::{PiecePool, PinnedBudget};
+use ferrio::cuda::DevicePtr;
 use ferrio::{CopyOptions, CopyProgress, Error, RemoteFile, RemoteWriter, Settings};
+
+use crate::support::{assert_bytes_eq, poison};
 
 /// What the server serves and how it misbehaves.
 struct Object {
@@ -23,6 +30,8 @@ struct Object {
     gets: AtomicUsize,
     /// Milliseconds each GET waits before it answers.
     delay_ms: AtomicU64,
+    /// (range start, milliseconds): GETs of a range starting there wait that much longer.
+    delay_at: Mutex<Vec<(usize, u64)>>,
     /// GETs being answered now, and the most there ever were at once.
     active: AtomicUsize,
     most_active: AtomicUsize,
@@ -58,6 +67,7 @@ fn serve(body: Vec<u8>) -> Server {
         replace_after: AtomicUsize::new(usize::MAX),
         gets: AtomicUsize::new(0),
         delay_ms: AtomicU64::new(0),
+        delay_at: Mutex::new(Vec::new()),
         active: AtomicUsize::new(0),
         most_active: AtomicUsize::new(0),
     });
@@ -126,6 +136,17 @@ fn answer(conn: TcpStream, object: &Object) -> std::io::Result<()> {
         std::thread::sleep(Duration::from_millis(
             object.delay_ms.load(Ordering::Relaxed),
         ));
+        let start = range.map_or(0, |(a, _)| a);
+        let extra = object
+            .delay_at
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|d| d.0 == start)
+            .map(|d| d.1);
+        if let Some(ms) = extra {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         let n = object.gets.fetch_add(1, Ordering::Relaxed) + 1;
         if n > object.replace_after.load(Ordering::Relaxed) {
             let mut b = object.body.lock().unwrap();
@@ -409,4 +430,307 @@ fn the_request_timeout_and_retries_are_settings() {
     // A server that never answers is a timeout, whether the body or the answer itself is late.
     let kind = std::io::Error::from(err).kind();
     assert_eq!(kind, std::io::ErrorKind::TimedOut);
+}
+
+// GPU reads through pinned pieces (`RemoteFile::pread_device_with`), on the emulated device:
+// the same code as `pread_device` past the driver's address check.
+
+/// A piece pool of `piece_len` bytes on `device`, under a budget of `limit` bytes.
+fn piece_pool(
+    device: &EmulatedDevice,
+    piece_len: usize,
+    limit: u64,
+) -> Arc<PiecePool<EmulatedDevice>> {
+    let budget = Arc::new(PinnedBudget::new(limit));
+    Arc::new(PiecePool::new(device.clone(), piece_len, budget).unwrap())
+}
+
+/// Poisoned emulated device memory of `len` bytes (freed on drop).
+struct EmuMem<'a> {
+    device: &'a EmulatedDevice,
+    ptr: DevicePtr,
+    len: usize,
+}
+
+impl<'a> EmuMem<'a> {
+    fn new(device: &'a EmulatedDevice, len: usize) -> Self {
+        let ptr = device.alloc_device(len).unwrap();
+        device.write_device(ptr, &poison(len)).unwrap();
+        EmuMem { device, ptr, len }
+    }
+    fn read(&self) -> Vec<u8> {
+        self.device.read_device(self.ptr, self.len).unwrap()
+    }
+}
+
+impl Drop for EmuMem<'_> {
+    fn drop(&mut self) {
+        self.device.free_device(self.ptr).unwrap();
+    }
+}
+
+/// Starts a read of `len` bytes at `offset` of `f` into `mem`.
+fn start_gpu_read(
+    f: &RemoteFile,
+    pool: &Arc<PiecePool<EmulatedDevice>>,
+    mem: &EmuMem<'_>,
+    offset: u64,
+) -> ferrio::IoFuture {
+    // SAFETY: `mem` is emulated device memory of the pool's device, `mem.len` bytes, freed only
+    // after the future is waited on (every caller waits before `mem` drops).
+    unsafe { f.pread_device_with(pool, mem.ptr, mem.len, offset) }
+}
+
+/// Waits until every piece of `pool` is back (GETs aborted by an error or a cancel give theirs
+/// back as the runtime drops them, which may be just after the read reported).
+#[track_caller]
+fn assert_pieces_come_back(pool: &PiecePool<EmulatedDevice>) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pool.free_pieces() != pool.pieces() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(pool.free_pieces(), pool.pieces(), "pieces not given back");
+}
+
+#[test]
+fn gpu_reads_land_every_range_in_place_as_ranges_finish() {
+    let body = data((1 << 20) + 123);
+    let server = serve(body.clone());
+    // The first range is slow: the others land, and are copied, before it.
+    server.object.delay_at.lock().unwrap().push((0, 600));
+    let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+    let device = EmulatedDevice::default();
+    let pool = piece_pool(&device, 64 << 10, u64::MAX);
+    let mem = EmuMem::new(&device, body.len());
+    let fut = start_gpu_read(&f, &pool, &mem, 0);
+    std::thread::sleep(Duration::from_millis(300));
+    let early = device.copies_completed();
+    assert!(!fut.is_done());
+    assert_eq!(fut.wait().unwrap(), body.len());
+    assert!(
+        early >= 3,
+        "{early} ranges copied while the first was still on its way"
+    );
+    assert_bytes_eq(&mem.read(), &body, "whole object");
+    server.object.delay_at.lock().unwrap().clear();
+    // Ranges that do not start on a range boundary, and a read past the end: short, and the
+    // device bytes past the object's end stay as they were.
+    for (offset, len) in [
+        (65_535usize, 3 * 65_538usize),
+        (1, 100),
+        (body.len() - 10, 1000),
+    ] {
+        let mem = EmuMem::new(&device, len);
+        let n = start_gpu_read(&f, &pool, &mem, offset as u64)
+            .wait()
+            .unwrap();
+        let expected = &body[offset..(offset + len).min(body.len())];
+        assert_eq!(n, expected.len());
+        let got = mem.read();
+        assert_bytes_eq(&got[..n], expected, &format!("{len} bytes at {offset}"));
+        assert_bytes_eq(&got[n..], &poison(len)[n..], "past the object's end");
+    }
+    // Nothing to read: no copy, no piece.
+    let copies = device.copies_issued();
+    let mem = EmuMem::new(&device, 10);
+    assert_eq!(
+        start_gpu_read(&f, &pool, &mem, body.len() as u64)
+            .wait()
+            .unwrap(),
+        0
+    );
+    // SAFETY: a zero-length range touches no memory.
+    let zero = unsafe { f.pread_device_with(&pool, DevicePtr(0), 0, 0) }.wait();
+    assert_eq!(zero.unwrap(), 0);
+    assert_eq!(device.copies_issued(), copies);
+    // Pieces shorter than the ranges are refused, not overrun.
+    let small = piece_pool(&device, 4096, u64::MAX);
+    let mem = EmuMem::new(&device, 1 << 17);
+    let err = start_gpu_read(&f, &small, &mem, 0).wait().unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    assert_eq!(device.violations(), Vec::<String>::new());
+    assert_pieces_come_back(&pool);
+}
+
+#[test]
+fn gpu_read_pieces_are_kept_and_bounded_by_concurrency_and_the_cap() {
+    let body = data(1 << 20);
+    let server = serve(body.clone());
+    // GETs slow enough that all 4 at once want a piece: the pool grows to its limit.
+    server.object.delay_ms.store(20, Ordering::Relaxed);
+    let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+    let device = EmulatedDevice::default();
+    let piece = 64usize << 10;
+    // Under a cap far above: as many pieces as GETs at once (4), made as the first read goes
+    // and kept for the next ones, which pin nothing more.
+    let pool = piece_pool(&device, piece, u64::MAX);
+    let mut made = Vec::new();
+    for round in 0..3 {
+        let mem = EmuMem::new(&device, body.len());
+        assert_eq!(
+            start_gpu_read(&f, &pool, &mem, 0).wait().unwrap(),
+            body.len()
+        );
+        assert_bytes_eq(&mem.read(), &body, &format!("read {round}"));
+        assert_pieces_come_back(&pool);
+        made.push((pool.pieces(), device.pinned_allocations()));
+    }
+    assert_eq!(made[0], (4, 4), "4 pieces, and nothing else pinned");
+    assert_eq!(made, vec![made[0]; 3], "later reads reuse the pieces");
+    drop(pool);
+    assert_eq!(
+        device.pinned_allocations(),
+        0,
+        "a dropped pool frees its pieces"
+    );
+    assert_eq!((device.live_events(), device.live_streams()), (0, 0));
+    // Under a cap of 3 pieces: 3; under a cap below one piece: the 2 every pool gets.
+    for (limit, expected) in [
+        (3 * piece as u64 + 100, 3),
+        (100, ferrio::bounce::MIN_PIECES),
+    ] {
+        let budget = Arc::new(PinnedBudget::new(limit));
+        let pool = Arc::new(PiecePool::new(device.clone(), piece, budget.clone()).unwrap());
+        for _ in 0..2 {
+            let mem = EmuMem::new(&device, body.len());
+            assert_eq!(
+                start_gpu_read(&f, &pool, &mem, 0).wait().unwrap(),
+                body.len()
+            );
+            assert_bytes_eq(&mem.read(), &body, &format!("under a cap of {limit} bytes"));
+        }
+        assert_pieces_come_back(&pool);
+        assert_eq!(pool.pieces(), expected, "cap {limit}");
+        assert_eq!(budget.used(), (expected * piece) as u64);
+        drop(pool);
+        assert_eq!(budget.used(), 0);
+    }
+    assert_eq!(device.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn gpu_read_never_refills_a_piece_whose_copy_runs() {
+    let body = data(512 << 10);
+    let server = serve(body.clone());
+    let mut s = small_ranges();
+    s.set("remote_range_size", "16KiB").unwrap();
+    let f = RemoteFile::open_with(&server.url, s).unwrap();
+    // Copies slower than the GETs: the pieces wait for them, and 32 ranges go round 4 pieces.
+    let device = EmulatedDevice::new(Duration::from_millis(4));
+    let pool = piece_pool(&device, 16 << 10, u64::MAX);
+    let mem = EmuMem::new(&device, body.len());
+    assert_eq!(
+        start_gpu_read(&f, &pool, &mem, 0).wait().unwrap(),
+        body.len()
+    );
+    assert_bytes_eq(&mem.read(), &body, "slow copies");
+    assert_eq!(device.violations(), Vec::<String>::new());
+    assert_eq!(device.copies_completed(), 32);
+    assert!(pool.pieces() <= 4, "{} pieces", pool.pieces());
+    assert_eq!(
+        device.copies_in_flight(),
+        0,
+        "the read reports after its copies"
+    );
+    assert_pieces_come_back(&pool);
+}
+
+#[test]
+fn gpu_read_copy_failures_fail_the_read() {
+    let body = data(1 << 20);
+    let server = serve(body.clone());
+    let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+    let device = EmulatedDevice::new(Duration::from_millis(1));
+    let pool = piece_pool(&device, 64 << 10, u64::MAX);
+    // A copy that cannot be started: the read fails with it, and every piece comes back.
+    device.fail_copy_issue(2);
+    let mem = EmuMem::new(&device, body.len());
+    let err = start_gpu_read(&f, &pool, &mem, 0).wait().unwrap_err();
+    assert!(
+        err.to_string().contains("injected failure issuing copy"),
+        "{err}"
+    );
+    assert_eq!(
+        device.copies_in_flight(),
+        0,
+        "the read reports after its copies"
+    );
+    assert_pieces_come_back(&pool);
+    assert!(!pool.is_poisoned());
+    assert_eq!(
+        start_gpu_read(&f, &pool, &mem, 0).wait().unwrap(),
+        body.len()
+    );
+    assert_bytes_eq(&mem.read(), &body, "after a copy that could not start");
+    // A copy that fails while running: the read fails with it; its pieces may still be read by
+    // the device, so the pool is retired and later reads through it fail at once.
+    device.fail_copy_run(3);
+    let err = start_gpu_read(&f, &pool, &mem, 0).wait().unwrap_err();
+    assert!(matches!(err, ferrio::Error::Cuda { .. }), "{err}");
+    assert!(
+        err.to_string().contains("injected failure running copy"),
+        "{err}"
+    );
+    assert!(pool.is_poisoned());
+    let err = start_gpu_read(&f, &pool, &mem, 0).wait().unwrap_err();
+    assert!(err.to_string().contains("retired"), "{err}");
+    device.clear_fault();
+    assert_eq!(device.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn gpu_read_get_failures_fail_the_read_and_give_pieces_back() {
+    let body = data(1 << 20);
+    let server = serve(body.clone());
+    let mut s = small_ranges();
+    s.set("remote_concurrency", "1").unwrap();
+    let f = RemoteFile::open_with(&server.url, s).unwrap();
+    let device = EmulatedDevice::default();
+    let pool = piece_pool(&device, 64 << 10, u64::MAX);
+    let mem = EmuMem::new(&device, body.len());
+    // The object changes after three ranges: those three are in place, the read fails.
+    server.object.replace_after.store(3, Ordering::Relaxed);
+    let err = start_gpu_read(&f, &pool, &mem, 0).wait().unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("changed since it was opened"), "{text}");
+    assert!(text.contains(&server.url), "{text}");
+    let got = mem.read();
+    assert_bytes_eq(
+        &got[..3 << 16],
+        &body[..3 << 16],
+        "ranges before the failure",
+    );
+    assert_eq!(
+        device.copies_in_flight(),
+        0,
+        "the read reports after its copies"
+    );
+    assert_pieces_come_back(&pool);
+    assert!(!pool.is_poisoned());
+    assert_eq!(device.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn gpu_read_cancel_stops_gets_in_flight_and_gives_pieces_back() {
+    let server = serve(data(1 << 20));
+    server.object.delay_ms.store(20_000, Ordering::Relaxed);
+    let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+    let device = EmulatedDevice::default();
+    let pool = piece_pool(&device, 64 << 10, u64::MAX);
+    let mem = EmuMem::new(&device, 1 << 20);
+    let fut = start_gpu_read(&f, &pool, &mem, 0);
+    // Let the GETs reach the server, where they hang.
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    fut.cancel();
+    let r = fut.wait();
+    assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "cancel took {:?}",
+        t0.elapsed()
+    );
+    assert_pieces_come_back(&pool);
+    assert!(pool.pieces() >= 1);
+    assert_eq!(mem.read(), poison(1 << 20), "nothing was copied");
 }
