@@ -260,12 +260,12 @@ impl File {
                     true,
                     t.end(),
                 );
-            let started = std::time::Instant::now();
             // SAFETY: forwarded.
-            unsafe { self.pwrite_buffered(src, t.offset, t.len)? };
+            let write = || unsafe { self.pwrite_buffered(src, t.offset, t.len) };
             if chosen {
-                let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                self.pool().record_buffered_write(t.len as u64, ns);
+                self.pool().time_buffered_write(t.len as u64, write)?;
+            } else {
+                write()?;
             }
             return Ok(t.len);
         };

@@ -245,11 +245,21 @@ pub struct DevicePool {
     /// What the first `auto` write that could go either way measured on this device
     /// ([`crate::policy::WriteProbe`]); `None` inside where it could not be measured.
     write_probe: OnceLock<Option<WriteProbe>>,
-    /// Bytes and nanoseconds of the `auto` writes that went through the page cache here, each
-    /// timed on its own thread: what buffered writes really cost, which the probe's few MiB may
-    /// not show (fresh memory in a VM, the kernel's dirty limit).
-    buffered_bytes: AtomicU64,
-    buffered_ns: AtomicU64,
+    /// The `auto` writes that went through the page cache here: what buffered writes really
+    /// deliver, which the probe's few MiB may not show (fresh memory in a VM, the kernel's dirty
+    /// limit).
+    buffered: Mutex<BufferedMeter>,
+}
+
+/// Bytes written through the page cache and the wall time during which at least one such write
+/// ran: their rate together, however many ran at once (writers to one file wait on each other
+/// for the inode's lock, so each one's own time says little).
+#[derive(Default)]
+struct BufferedMeter {
+    running: usize,
+    since: Option<Instant>,
+    busy: std::time::Duration,
+    bytes: u64,
 }
 
 impl DevicePool {
@@ -263,8 +273,7 @@ impl DevicePool {
             counters: Counters::default(),
             process: registry::process(),
             write_probe: OnceLock::new(),
-            buffered_bytes: AtomicU64::new(0),
-            buffered_ns: AtomicU64::new(0),
+            buffered: Mutex::new(BufferedMeter::default()),
         })
     }
 
@@ -286,24 +295,47 @@ impl DevicePool {
 
     /// What the device's write probe measured, if one has run in this process, with its buffered
     /// rate replaced by that of the `auto` writes that went through the page cache since, once
-    /// they add up to [`policy::WRITE_RATE_WINDOW`] ([`DevicePool::record_buffered_write`]).
+    /// they add up to [`policy::WRITE_RATE_WINDOW`] ([`DevicePool::time_buffered_write`]).
     pub fn measured_writes(&self) -> Option<WriteProbe> {
         let probe = self.write_probe.get().copied().flatten()?;
-        let bytes = self.buffered_bytes.load(Ordering::Relaxed);
-        let ns = self.buffered_ns.load(Ordering::Relaxed);
-        if bytes < policy::WRITE_RATE_WINDOW || ns == 0 {
+        let (bytes, busy) = {
+            let m = self.meter();
+            (m.bytes, m.busy.as_secs_f64())
+        };
+        if bytes < policy::WRITE_RATE_WINDOW || busy <= 0.0 {
             return Some(probe);
         }
         Some(WriteProbe {
-            buffered: bytes as f64 / (ns as f64 / 1e9),
+            buffered: bytes as f64 / busy,
             ..probe
         })
     }
 
-    /// Counts an `auto` write of `bytes` through the page cache that took `ns` on its thread.
-    pub(crate) fn record_buffered_write(&self, bytes: u64, ns: u64) {
-        self.buffered_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.buffered_ns.fetch_add(ns, Ordering::Relaxed);
+    /// Runs `write`, an `auto` write of `bytes` through the page cache, on the meter of such
+    /// writes ([`DevicePool::measured_writes`]).
+    pub(crate) fn time_buffered_write<T>(&self, bytes: u64, write: impl FnOnce() -> T) -> T {
+        {
+            let mut m = self.meter();
+            if m.running == 0 {
+                m.since = Some(Instant::now());
+            }
+            m.running += 1;
+        }
+        let out = write();
+        let mut m = self.meter();
+        m.running -= 1;
+        m.bytes += bytes;
+        if m.running == 0 {
+            if let Some(since) = m.since.take() {
+                m.busy += since.elapsed();
+            }
+        }
+        out
+    }
+
+    fn meter(&self) -> MutexGuard<'_, BufferedMeter> {
+        // Every update leaves the meter consistent: a poisoned one is too.
+        self.buffered.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The pool's key.
@@ -579,14 +611,22 @@ mod tests {
         // Measured once: a second caller gets the first answer.
         assert_eq!(pool.write_probe(|| None), Some(probe));
         assert!(pool.measured_writes().unwrap().prefers_buffered());
-        // Slow buffered writes (0.5 GB/s), short of the window: the probe still decides.
+        // Slow buffered writes, short of the window: the probe still decides.
         let half = policy::WRITE_RATE_WINDOW / 2;
-        pool.record_buffered_write(half, half * 2);
+        let slow = || std::thread::sleep(Duration::from_millis(100));
+        pool.time_buffered_write(half, slow);
         assert_eq!(pool.measured_writes(), Some(probe));
-        // The window is full: their own rate decides, and direct writes win.
-        pool.record_buffered_write(half, half * 2);
+        // Two at once fill the window: their rate together decides, over the 200 ms during which
+        // one ran or both did (not the 300 ms of their own times added up): 64 MiB in 200 ms is
+        // not 1.25 × the probe's direct rate, so direct writes win.
+        std::thread::scope(|s| {
+            s.spawn(|| pool.time_buffered_write(half / 2, slow));
+            s.spawn(|| pool.time_buffered_write(half / 2, slow));
+        });
         let seen = pool.measured_writes().unwrap();
-        assert!((seen.buffered - 0.5e9).abs() < 1.0, "{seen:?}");
+        let window = policy::WRITE_RATE_WINDOW as f64;
+        assert!(seen.buffered <= window / 0.2, "{seen:?}");
+        assert!(seen.buffered > window / 0.27, "{seen:?}");
         assert_eq!(seen.direct, probe.direct);
         assert!(!seen.prefers_buffered());
     }
