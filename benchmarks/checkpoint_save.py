@@ -69,10 +69,17 @@ print(json.dumps({"seconds": seconds, "bytes": size,
 
 
 def run(writer: str, device: str, path: str, size_gib: float, fsync: bool) -> dict:
+    """One save in a fresh process. ``ferrio@NAME=VALUE+...`` is ferrio with ``FERRIO_NAME``
+    set to VALUE (e.g. ``ferrio@CACHE=bypass``)."""
+    name, _, variant = writer.partition("@")
+    env = dict(os.environ)
+    for pair in filter(None, variant.split("+")):
+        key, _, value = pair.partition("=")
+        env[f"FERRIO_{key.upper()}"] = value
     subprocess.run(["sync"], check=False)
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, writer, device, path, str(size_gib), str(int(fsync))],
-        capture_output=True, text=True, check=False,
+        [sys.executable, "-c", CHILD, name, device, path, str(size_gib), str(int(fsync))],
+        capture_output=True, text=True, check=False, env=env,
     )  # fmt: skip
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     if os.path.exists(path):
@@ -88,21 +95,27 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fsync", default="off,on", help="off, on, or off,on")
     ap.add_argument("--json", help="write every result here")
+    ap.add_argument(
+        "--writers",
+        default=",".join(WRITERS),
+        help="safetensors, ferrio, ferrio@NAME=VALUE (FERRIO_NAME set for that writer)",
+    )
     args = ap.parse_args()
+    writers = args.writers.split(",")
     os.makedirs(args.dir, exist_ok=True)
     path = os.path.join(args.dir, "save.safetensors")
     rows: dict[tuple[str, str, bool], list[dict]] = {}
     for device in args.device.split(","):
         for fsync in (f == "on" for f in args.fsync.split(",")):
             for rnd in range(args.rounds):
-                order = WRITERS if rnd % 2 == 0 else WRITERS[::-1]
+                order = writers if rnd % 2 == 0 else writers[::-1]
                 for writer in order:
                     res = run(writer, device, path, args.size_gib, fsync)
                     rows.setdefault((device, writer, fsync), []).append(res)
                     if "seconds" in res:
                         gib = res["bytes"] / (1 << 30)
                         print(
-                            f"{device:<7} fsync={'on ' if fsync else 'off'} {writer:<12} "
+                            f"{device:<7} fsync={'on ' if fsync else 'off'} {writer:<20} "
                             f"round {rnd}: {gib / res['seconds']:.2f} GiB/s "
                             f"({gib:.2f} GiB in {res['seconds']:.2f} s, {res['cpu_s']:.2f} CPU-s)",
                             flush=True,
@@ -110,16 +123,16 @@ def main() -> None:
                     else:
                         print(device, fsync, writer, res, flush=True)
     print("\nmedians (GiB/s of file bytes; CPU-s per GiB):")
-    print(f"{'device':<8} {'fsync':<6} {'writer':<12} {'GiB/s':>7} {'CPU-s/GiB':>10}  all rounds")
+    print(f"{'device':<8} {'fsync':<6} {'writer':<20} {'GiB/s':>7} {'CPU-s/GiB':>10}  all rounds")
     for (device, writer, fsync), res in rows.items():
         ok = [r for r in res if "seconds" in r]
         if not ok:
-            print(f"{device:<8} {'on' if fsync else 'off':<6} {writer:<12} failed")
+            print(f"{device:<8} {'on' if fsync else 'off':<6} {writer:<20} failed")
             continue
         rates = [r["bytes"] / (1 << 30) / r["seconds"] for r in ok]
         cpu = statistics.median(r["cpu_s"] / (r["bytes"] / (1 << 30)) for r in ok)
         print(
-            f"{device:<8} {'on' if fsync else 'off':<6} {writer:<12} "
+            f"{device:<8} {'on' if fsync else 'off':<6} {writer:<20} "
             f"{statistics.median(rates):>7.2f} {cpu:>10.2f}  {', '.join(f'{x:.2f}' for x in rates)}"
         )
     if args.json:

@@ -132,8 +132,9 @@ if want save; then
 step checkpoint-save
 # ferrio.safetensors.torch.save_file against safetensors', from GPU and host tensors.
 timeout "${SAVE_TIMEOUT:-200}" python3 benchmarks/checkpoint_save.py --dir /root/ferrio-save \
-  --size-gib "${SAVE_GIB:-8}" --device cuda:0,cpu --rounds "${SAVE_ROUNDS:-1}" >"$LOGS/checkpoint_save.log" 2>&1
-tail -10 "$LOGS/checkpoint_save.log" | tee -a "$S"
+  --size-gib "${SAVE_GIB:-8}" --device "${SAVE_DEVICES:-cuda:0,cpu}" --rounds "${SAVE_ROUNDS:-1}" \
+  --fsync "${SAVE_FSYNC:-off,on}" --writers "${SAVE_WRITERS:-safetensors,ferrio}" >"$LOGS/checkpoint_save.log" 2>&1
+sed -n '/^medians/,$p' "$LOGS/checkpoint_save.log" | tee -a "$S"
 rm -rf /root/ferrio-save
 fi
 
