@@ -331,6 +331,12 @@ impl<E: CopyEngine> std::fmt::Debug for Piece<E> {
     }
 }
 
+impl<E: CopyEngine> AsMut<[u8]> for Piece<E> {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.bytes_mut()
+    }
+}
+
 impl<E: CopyEngine> Piece<E> {
     /// The piece's bytes ([`PiecePool::piece_len`] of them, page-aligned).
     pub fn bytes_mut(&mut self) -> &mut [u8] {

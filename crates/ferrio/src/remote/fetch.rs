@@ -96,10 +96,36 @@ impl Pinned {
         dst: &mut [u8],
         sink: &(dyn Fn(u64) + Sync),
     ) -> Result<()> {
+        self.fetch_into_later(range, async { Ok(dst) }, sink)
+            .await
+            .map(drop)
+    }
+
+    /// As [`Pinned::fetch_into`], into memory that `dst` gives only once the first reply has
+    /// come (its first `range.end - range.start` bytes are filled), which is returned: memory
+    /// that is scarce (pinned pieces) is then held while the body arrives, not while the server
+    /// thinks about it.
+    pub(crate) async fn fetch_into_later<D: AsMut<[u8]>>(
+        &self,
+        range: Range<u64>,
+        dst: impl std::future::Future<Output = Result<D>>,
+        sink: &(dyn Fn(u64) + Sync),
+    ) -> Result<D> {
+        let len = usize::try_from(range.end - range.start).unwrap_or(usize::MAX);
+        let mut dst = std::pin::pin!(dst);
+        let mut memory: Option<D> = None;
         let mut done = 0usize;
         let mut body_failures = 0usize;
         let mut first_failure: Option<Instant> = None;
-        while done < dst.len() {
+        if len == 0 {
+            return dst.await;
+        }
+        loop {
+            if done == len {
+                if let Some(filled) = memory {
+                    return Ok(filled);
+                }
+            }
             let want = range.start + done as u64..range.end;
             let got = self
                 .store
@@ -118,6 +144,20 @@ impl Pinned {
                     )),
                 ));
             }
+            if memory.is_none() {
+                memory = Some(dst.as_mut().await?);
+            }
+            let Some(held) = memory.as_mut() else {
+                unreachable!("set just above")
+            };
+            let dst = held.as_mut();
+            if dst.len() < len {
+                return Err(Error::InvalidArgument(format!(
+                    "{} bytes of memory cannot hold a range of {len} bytes",
+                    dst.len()
+                )));
+            }
+            let dst = &mut dst[..len];
             let mut body = got.into_stream();
             let mut broke = None;
             while let Some(piece) = body.next().await {
@@ -158,6 +198,5 @@ impl Pinned {
                 }
             }
         }
-        Ok(())
     }
 }

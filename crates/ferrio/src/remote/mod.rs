@@ -469,9 +469,10 @@ impl RemoteFile {
     }
 
     /// Starts a device read of the object's bytes in `offset..offset+len` (some inside it):
-    /// ranged GETs, each a task of the runtime, take a piece of `pool`, fill it and hand it over
-    /// as soon as it is full; one blocking thread copies each piece to its place in device
-    /// memory and gives it back to the pool once that copy has completed.
+    /// ranged GETs, each a task of the runtime, take a piece of `pool` once the server has
+    /// answered, fill it with the body and hand it over as soon as it is full; one blocking
+    /// thread copies each piece to its place in device memory and gives it back to the pool once
+    /// that copy has completed.
     ///
     /// # Safety
     /// As [`RemoteFile::pread_device`], with `dst..dst+len` device memory of `pool`'s engine
@@ -525,16 +526,18 @@ impl RemoteFile {
                         let in_flight = in_flight.clone();
                         let pool = pool.clone();
                         runtime::AbortOnDrop(spawner.spawn(async move {
-                            // The piece first, then the store's permit (GPU and host reads share
-                            // the cap): in that order a GET holding a permit always has its
-                            // piece, so reads sharing a pool and a store cannot wait on each
-                            // other in a circle.
-                            let mut piece = pool.take(ahead).await?;
+                            // The store's permit (GPU and host reads share the cap), then the
+                            // request; a piece only once the reply has come, so that pieces are
+                            // held while bodies arrive, not while the server thinks (the first
+                            // read pins its pieces meanwhile, and a fast body gives its piece
+                            // back before a new one could be pinned). No circle: a GET holding
+                            // a piece waits for nothing but its body, and a landed piece goes
+                            // back once copied.
                             let _permit = in_flight.acquire_owned().await;
-                            pinned
-                                .fetch_into(
+                            let piece = pinned
+                                .fetch_into_later(
                                     r.offset..r.offset + r.len as u64,
-                                    &mut piece.bytes_mut()[..r.len],
+                                    pool.take(ahead),
                                     &count_read,
                                 )
                                 .await?;
