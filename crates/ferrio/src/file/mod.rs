@@ -157,6 +157,8 @@ struct Inner {
     direct_refused: AtomicBool,
     /// Where appends go, for modes `a` and `a+`.
     appends: Mutex<Appends>,
+    /// Held by a buffered write to a local file while it runs (`File::pwrite_buffered`).
+    buffered_write: Mutex<()>,
     /// The pool found at open. In a process forked after the open it belongs to the parent and
     /// is never used: [`File::current_pool`] finds the child's own.
     opened_pool: &'static Arc<DevicePool>,
@@ -279,6 +281,7 @@ impl File {
                 direct,
                 direct_refused: AtomicBool::new(false),
                 appends: Mutex::new(Appends::default()),
+                buffered_write: Mutex::new(()),
                 opened_pool: pool,
                 local,
                 dev: data_dev,
