@@ -144,7 +144,8 @@ fn open_file(
 /// takes them (a `b` is allowed and ignored: ferrio only moves bytes; text mode is refused). Options override the process-wide settings (`ferrio.config`) for this
 /// file: `task_size` (bytes per parallel task: `4194304` or `"4MiB"`), `cache` (`"auto"`,
 /// `"keep"` or `"bypass"`: whether what is read or written stays in the page cache; under `auto`
-/// reads keep a file of at most half the available memory and writes bypass), `direct_read` and
+/// reads keep a file of at most half the available memory, and writes keep where the device
+/// measured buffered writes faster, up to the smaller of that and the dirty limit), `direct_read` and
 /// `direct_write` (`"off"`, `"on"` or `"auto"`: bypass the page cache with O_DIRECT) and
 /// `direct_overread` (bool). Raises the matching `OSError` subclass (`FileNotFoundError`,
 /// `PermissionError`, `IsADirectoryError`, ...) with `filename` set, or `ValueError` for a

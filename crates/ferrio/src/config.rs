@@ -312,7 +312,8 @@ pub const SETTINGS: &[SettingInfo] = &[
         default: "auto",
         doc: "page cache after I/O: keep = data stays cached, bypass = cold data is not cached, \
               auto = reads keep a file of at most half the available memory, else bypass; \
-              writes bypass",
+              writes keep up to that or the dirty limit where the device measured buffered \
+              writes faster, else bypass",
         get: |s| s.cache.to_string(),
         set: |s, v| {
             s.cache = v.parse().map_err(|_| CacheMode::FORMS)?;

@@ -70,6 +70,10 @@ impl Memory {
 /// vary by more than 10% from run to run.
 pub const BUFFERED_WRITE_MARGIN: f64 = 1.25;
 
+/// The smallest write that measures its device ([`WriteProbe`]) when none has yet: the probe
+/// writes 16 MiB, which a smaller write should not pay for.
+pub const WRITE_PROBE_MIN_WRITE: u64 = 16 << 20;
+
 /// Bytes of `auto` writes through the page cache after which their own rate replaces the
 /// probe's buffered one (`DevicePool::measured_writes`): on the dev VM the probe's 16 MiB ran at
 /// 2–6 GiB/s where 2 GiB then ran at 0.4–1.3 (fresh memory, which the hypervisor backs page by

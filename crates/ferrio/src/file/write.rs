@@ -93,7 +93,11 @@ impl File {
     /// choose the write's path ([`File::write_probe`]), then preallocates for a direct write
     /// that extends the file ([`File::extend_for_direct_write`]).
     pub(super) fn prepare_write(&self, offset: u64, len: usize, tasks: usize) -> Result<()> {
-        self.write_probe(offset + len as u64);
+        // A write smaller than the probe itself does not pay for it: until a larger one has
+        // measured the device, it goes as an unmeasured device's writes do (direct when cold).
+        if len as u64 >= policy::WRITE_PROBE_MIN_WRITE {
+            self.write_probe(offset + len as u64);
+        }
         self.extend_for_direct_write(offset, len, tasks)
     }
 
