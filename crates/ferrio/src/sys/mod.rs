@@ -424,30 +424,20 @@ pub fn fallocate(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
 
 /// Turns `O_NONBLOCK` on or off for the open file description behind `fd` (`fcntl(2)`).
 pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
-    // SAFETY: plain syscall on an open descriptor.
-    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    let want = if on {
-        flags | libc::O_NONBLOCK
-    } else {
-        flags & !libc::O_NONBLOCK
-    };
-    if want != flags {
-        // SAFETY: plain syscall on an open descriptor; F_SETFL takes an int argument.
-        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, want) })?;
-    }
-    Ok(())
+    set_status_flag(fd, libc::O_NONBLOCK, on)
 }
 
 /// Turns `O_DIRECT` on or off for the open file description behind `fd` (`fcntl(2)`; fails
 /// with `EINVAL` where the file system has no direct I/O).
 pub fn set_direct(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    set_status_flag(fd, libc::O_DIRECT, on)
+}
+
+/// Sets or clears one file status flag of the open file description behind `fd`.
+fn set_status_flag(fd: BorrowedFd<'_>, flag: libc::c_int, on: bool) -> io::Result<()> {
     // SAFETY: plain syscall on an open descriptor.
     let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    let want = if on {
-        flags | libc::O_DIRECT
-    } else {
-        flags & !libc::O_DIRECT
-    };
+    let want = if on { flags | flag } else { flags & !flag };
     if want != flags {
         // SAFETY: plain syscall on an open descriptor; F_SETFL takes an int argument.
         cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, want) })?;
