@@ -382,7 +382,7 @@ impl std::fmt::Display for WriteChoice {
     }
 }
 
-/// How a write of cold data ending at `end` goes under these choices (what [`write_direct`]
+/// How a write of cold data ending at `end` goes under these choices (what `write_direct`
 /// decides for each of its tasks, where nothing of the range is cached), and why.
 pub fn describe_write(
     direct_mode: DirectMode,
