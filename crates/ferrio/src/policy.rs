@@ -28,6 +28,7 @@
 
 use std::os::fd::BorrowedFd;
 use std::path::Path;
+use std::sync::OnceLock;
 
 use crate::config::{CacheMode, DirectMode};
 use crate::direct::{self, Probe};
@@ -49,18 +50,23 @@ pub struct Memory {
 impl Memory {
     /// Dirty page cache the kernel lets writers build up before it makes them wait for the
     /// device: `vm.dirty_bytes`, or `vm.dirty_ratio` percent (default 20) of the available
-    /// memory. Buffered writes past it run at the device's rate, plus a copy.
+    /// memory (read once per process). Buffered writes past it run at the device's rate, plus a
+    /// copy.
     pub fn dirty_limit(&self) -> u64 {
-        let read = |name: &str| -> Option<u64> {
-            std::fs::read_to_string(Path::new("/proc/sys/vm").join(name))
-                .ok()?
-                .trim()
-                .parse()
-                .ok()
-        };
-        match read("dirty_bytes") {
+        static SYSCTL: OnceLock<(Option<u64>, Option<u64>)> = OnceLock::new();
+        let (bytes, ratio) = *SYSCTL.get_or_init(|| {
+            let read = |name: &str| -> Option<u64> {
+                std::fs::read_to_string(Path::new("/proc/sys/vm").join(name))
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()
+            };
+            (read("dirty_bytes"), read("dirty_ratio"))
+        });
+        match bytes {
             Some(bytes) if bytes > 0 => bytes.min(self.available),
-            _ => self.available / 100 * read("dirty_ratio").unwrap_or(20).min(100),
+            _ => self.available / 100 * ratio.unwrap_or(20).min(100),
         }
     }
 }
