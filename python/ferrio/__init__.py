@@ -1,8 +1,9 @@
 """ferrio: move file bytes into and out of host and GPU memory fast.
 
 Reads and writes are split into tasks that run in parallel on a worker pool per block device,
-with the GIL released; cold data bypasses the page cache with O_DIRECT. Any writable buffer
-works as a destination: numpy arrays of any dtype and shape, bytearray, memoryview, mmap.
+with the GIL released; a cache policy (the ``cache`` setting) keeps what fits in the page cache
+and sends the rest past it with O_DIRECT. Any writable buffer works as a destination: numpy
+arrays of any dtype and shape, bytearray, memoryview, mmap.
 
 >>> import numpy as np, ferrio
 >>> with ferrio.open("weights.bin") as f:            # doctest: +SKIP
