@@ -12,7 +12,7 @@ BENCH_ARGS ?= --compare
 PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors "moto[server]" gcp-storage-emulator
 
 .PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-python deps-node install \
-	build gpu-wheel gpu-nginx gpu-test
+	build gpu-wheel gpu-nginx gpu-remote-peers gpu-test
 
 help:
 	@echo "make bench   install what is missing, build, run 'ferrio bench $(BENCH_ARGS)'"
@@ -83,6 +83,13 @@ gpu-wheel: deps-python
 # nginx with its lua module for benchmarks/remote_compare.py on the GPU machines, which have none.
 gpu-nginx:
 	bash benchmarks/carry_nginx.sh .carry/nginx
+
+# obstore and boto3 for remote_compare.py's peers on the GPU machines (fsspec and aiohttp are
+# there already); pure-Python or abi3 wheels, so any CPython 3 there installs them.
+gpu-remote-peers:
+	rm -rf .carry/remote-peers && $(PYTHON) -m pip download -q --no-deps --only-binary=:all: \
+	  --platform manylinux2014_x86_64 --python-version 3.11 -d .carry/remote-peers \
+	  obstore boto3 botocore s3transfer jmespath
 
 # There: everything that needs the GPU, logs in $OUT (benchmarks/gpu_all.sh).
 gpu-test:

@@ -23,6 +23,11 @@ step install
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/wheels/*.whl .carry/peers/*.whl \
   $(ls .carry/tf/*.whl .carry/moto/*.whl 2>/dev/null) \
   >"$LOGS/pip.log" 2>&1 || { tail "$LOGS/pip.log" | tee -a "$S"; }
+# obstore and boto3 (`make gpu-remote-peers`), one by one: a wheel the machine's Python refuses
+# is skipped, not the lot.
+for w in .carry/remote-peers/*.whl; do
+  [ -e "$w" ] && { python3 -m pip install -q --no-index --no-deps --target /tmp/site "$w" >>"$LOGS/pip.log" 2>&1 || echo "skip: $w" | tee -a "$S"; }
+done
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; free -g | head -2; df -h /root | tail -1; command -v fio || echo "no fio"; uname -r; } >>"$S" 2>&1
 
