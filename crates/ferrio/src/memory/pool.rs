@@ -267,7 +267,18 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
             }
             // This thread's blocks cached for other streams are worth taking before growing.
             self.retire_own_cache(|s| s != id);
-            if let Some(b) = self.steal(&own, stream, bytes)? {
+            if let Some(b) = self.steal(&own, stream, bytes, false)? {
+                bump(&own.counters.steals);
+                return Ok(self.place(&own, b, bytes));
+            }
+            // Before this stream waits on another's work for a block: memory grown since this
+            // call began is in the fresh list, which the lists it looked at may have missed.
+            let gen_now = self.grown.load(Ordering::Acquire);
+            if gen_now != gen_seen {
+                gen_seen = gen_now;
+                continue;
+            }
+            if let Some(b) = self.steal(&own, stream, bytes, true)? {
                 bump(&own.counters.steals);
                 return Ok(self.place(&own, b, bytes));
             }

@@ -19,12 +19,14 @@ const SAFE_FIT_PROBES: usize = 16;
 impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
     /// Takes one block of at least `bytes` from another stream's list, ordering `stream` after
     /// it. Prefers blocks that are already safe for every stream (their stream's last event
-    /// has completed), then any block, recording the other stream's event if needed.
+    /// has completed), then, if `may_wait`, any block, recording the other stream's event if
+    /// needed.
     pub(super) fn steal(
         &self,
         own: &Arc<StreamList<S>>,
         stream: &S::Stream,
         bytes: usize,
+        may_wait: bool,
     ) -> Result<Option<FreeBlock>> {
         let mut others = self.other_lists(own.id);
         // The fresh list first: its memory costs no driver call and no device wait.
@@ -65,6 +67,9 @@ impl<U: Upstream, S: StreamOrder> PoolResource<U, S> {
                 self.prune(victim);
             }
             return Ok(Some(b));
+        }
+        if !may_wait {
+            return Ok(None);
         }
         // Pass 2: any block, with `stream` waiting on the victim's event on the device.
         for &victim in &others {
