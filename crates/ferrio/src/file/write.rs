@@ -105,7 +105,6 @@ impl File {
     /// device, in the file's directory) when a write ending at `end` needs it to choose between
     /// the page cache and `O_DIRECT`; else whatever was measured before, if anything.
     pub(super) fn write_probe(&self, end: u64) -> Option<policy::WriteProbe> {
-        let pool = self.pool();
         if self.inner.assumed_write_probe.is_some() {
             return self.inner.assumed_write_probe;
         }
@@ -118,7 +117,7 @@ impl File {
         ) {
             return self.measured_writes();
         }
-        pool.write_probe(|| {
+        self.pool().write_probe(|| {
             let dir = match self.inner.path.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p,
                 _ => std::path::Path::new("."),
@@ -192,8 +191,7 @@ impl File {
     /// spinning and CPU time (measured: see benchmarks/RESULTS.md); direct writes and file
     /// systems without a block device (NFS, FUSE) run on every thread.
     pub(super) fn write_cap(&self, end: u64) -> usize {
-        if !self.writes_may_go_direct(end) && self.inner.local
-        {
+        if !self.writes_may_go_direct(end) && self.inner.local {
             BUFFERED_WRITES_IN_FLIGHT
         } else {
             usize::MAX
@@ -256,14 +254,13 @@ impl File {
         });
         let Some((_, _, align)) = direct else {
             // An `auto` write that could have gone direct: its cost refines the device's verdict.
-            let chosen = self.direct().is_some()
-                && policy::write_needs_probe(
-                    self.choices.direct_write,
-                    &self.inner.cache,
-                    self.inner.local,
-                    true,
-                    t.end(),
-                );
+            let chosen = policy::write_needs_probe(
+                self.choices.direct_write,
+                &self.inner.cache,
+                self.inner.local,
+                self.direct().is_some(),
+                t.end(),
+            );
             // SAFETY: forwarded.
             let write = || unsafe { self.pwrite_buffered(src, t.offset, t.len) };
             if chosen {

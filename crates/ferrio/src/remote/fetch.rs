@@ -144,11 +144,9 @@ impl Pinned {
                     )),
                 ));
             }
-            if memory.is_none() {
-                memory = Some(dst.as_mut().await?);
-            }
-            let Some(held) = memory.as_mut() else {
-                unreachable!("set just above")
+            let held = match &mut memory {
+                Some(held) => held,
+                None => memory.insert(dst.as_mut().await?),
             };
             let dst = held.as_mut();
             if dst.len() < len {

@@ -493,6 +493,17 @@ fn start_gpu_read(
     unsafe { f.pread_device_with(pool, mem.ptr, mem.len, offset) }
 }
 
+/// A read that reported has no copy running, and every piece it used comes back to the pool.
+#[track_caller]
+fn assert_settled(device: &EmulatedDevice, pool: &PiecePool<EmulatedDevice>) {
+    assert_eq!(
+        device.copies_in_flight(),
+        0,
+        "the read reports after its copies"
+    );
+    assert_pieces_come_back(pool);
+}
+
 /// Waits until every piece of `pool` is back (GETs aborted by an error or a cancel give theirs
 /// back as the runtime drops them, which may be just after the read reported).
 #[track_caller]
@@ -640,12 +651,7 @@ fn gpu_read_never_refills_a_piece_whose_copy_runs() {
     assert_eq!(device.violations(), Vec::<String>::new());
     assert_eq!(device.copies_completed(), 32);
     assert!(pool.pieces() <= 4, "{} pieces", pool.pieces());
-    assert_eq!(
-        device.copies_in_flight(),
-        0,
-        "the read reports after its copies"
-    );
-    assert_pieces_come_back(&pool);
+    assert_settled(&device, &pool);
 }
 
 #[test]
@@ -663,12 +669,7 @@ fn gpu_read_copy_failures_fail_the_read() {
         err.to_string().contains("injected failure issuing copy"),
         "{err}"
     );
-    assert_eq!(
-        device.copies_in_flight(),
-        0,
-        "the read reports after its copies"
-    );
-    assert_pieces_come_back(&pool);
+    assert_settled(&device, &pool);
     assert!(!pool.is_poisoned());
     assert_eq!(
         start_gpu_read(&f, &pool, &mem, 0).wait().unwrap(),
@@ -713,12 +714,7 @@ fn gpu_read_get_failures_fail_the_read_and_give_pieces_back() {
         &body[..3 << 16],
         "ranges before the failure",
     );
-    assert_eq!(
-        device.copies_in_flight(),
-        0,
-        "the read reports after its copies"
-    );
-    assert_pieces_come_back(&pool);
+    assert_settled(&device, &pool);
     assert!(!pool.is_poisoned());
     assert_eq!(device.violations(), Vec::<String>::new());
 }
