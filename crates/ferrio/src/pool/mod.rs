@@ -249,6 +249,9 @@ pub struct DevicePool {
     /// deliver, which the probe's few MiB may not show (fresh memory in a VM, the kernel's dirty
     /// limit).
     buffered: Mutex<BufferedMeter>,
+    /// The meter's rate in bytes per second (`f64` bits) once it has seen
+    /// [`policy::WRITE_RATE_WINDOW`], else 0: read by every write task without the meter's lock.
+    buffered_rate: AtomicU64,
 }
 
 /// Bytes written through the page cache and the wall time during which at least one such write
@@ -274,6 +277,7 @@ impl DevicePool {
             process: registry::process(),
             write_probe: OnceLock::new(),
             buffered: Mutex::new(BufferedMeter::default()),
+            buffered_rate: AtomicU64::new(0),
         })
     }
 
@@ -298,15 +302,12 @@ impl DevicePool {
     /// they add up to [`policy::WRITE_RATE_WINDOW`] ([`DevicePool::time_buffered_write`]).
     pub fn measured_writes(&self) -> Option<WriteProbe> {
         let probe = self.write_probe.get().copied().flatten()?;
-        let (bytes, busy) = {
-            let m = self.meter();
-            (m.bytes, m.busy.as_secs_f64())
-        };
-        if bytes < policy::WRITE_RATE_WINDOW || busy <= 0.0 {
+        let rate = f64::from_bits(self.buffered_rate.load(Ordering::Relaxed));
+        if rate <= 0.0 {
             return Some(probe);
         }
         Some(WriteProbe {
-            buffered: bytes as f64 / busy,
+            buffered: rate,
             ..probe
         })
     }
@@ -328,6 +329,11 @@ impl DevicePool {
         if m.running == 0 {
             if let Some(since) = m.since.take() {
                 m.busy += since.elapsed();
+            }
+            let busy = m.busy.as_secs_f64();
+            if m.bytes >= policy::WRITE_RATE_WINDOW && busy > 0.0 {
+                let rate = m.bytes as f64 / busy;
+                self.buffered_rate.store(rate.to_bits(), Ordering::Relaxed);
             }
         }
         out

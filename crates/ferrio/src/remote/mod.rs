@@ -424,14 +424,8 @@ impl RemoteFile {
         E::Event: Send,
         E::Stream: Send,
     {
-        let started = if self.available(offset, len) == 0 {
-            Ok(Completion::new(offset, 0, 0))
-        } else if dst.checked_add(len).is_none() {
-            Err(Error::InvalidArgument("device range wraps around".into()))
-        } else {
-            // SAFETY: forwarded from this function's contract.
-            unsafe { self.start_pieces(pool.clone(), dst, len, offset) }
-        };
+        // SAFETY: forwarded from this function's contract.
+        let started = unsafe { self.start_pieces(dst, len, offset, || Ok(pool.clone())) };
         IoFuture::started(started, ())
     }
 
@@ -443,46 +437,42 @@ impl RemoteFile {
         len: usize,
         offset: u64,
     ) -> Result<Arc<Completion>> {
-        if self.available(offset, len) == 0 {
-            return Ok(Completion::new(offset, 0, 0));
-        }
-        cuda::available()?;
-        let context = match cuda::try_classify(dst.0 as usize)? {
-            Memory::Device { context, .. } => context,
-            Memory::Host => {
-                return Err(Error::InvalidArgument(format!(
-                    "address {:#x} is not GPU memory (use the host-memory calls for it)",
-                    dst.0
-                )))
-            }
+        let pool = || {
+            cuda::available()?;
+            let context = match cuda::try_classify(dst.0 as usize)? {
+                Memory::Device { context, .. } => context,
+                Memory::Host => {
+                    return Err(Error::InvalidArgument(format!(
+                        "address {:#x} is not GPU memory (use the host-memory calls for it)",
+                        dst.0
+                    )))
+                }
+            };
+            let settings = &self.inner.settings;
+            // Pieces of a whole range even for a shorter read: the context's pool serves every
+            // read.
+            let piece_len = usize::try_from(settings.remote_range_size).unwrap_or(usize::MAX);
+            bounce::cuda_piece_pool(context, piece_len, settings)
         };
-        if dst.checked_add(len).is_none() {
-            return Err(Error::InvalidArgument("device range wraps around".into()));
-        }
-        let settings = &self.inner.settings;
-        // Pieces of a whole range even for a shorter read: the context's pool serves every read.
-        let piece_len = usize::try_from(settings.remote_range_size).unwrap_or(usize::MAX);
-        let pool = bounce::cuda_piece_pool(context, piece_len, settings)?;
-        // SAFETY: forwarded from this function's contract; `dst` is device memory of `context`,
-        // the pool's.
-        unsafe { self.start_pieces(pool, dst, len, offset) }
+        // SAFETY: forwarded from this function's contract; the pool is that of `dst`'s context.
+        unsafe { self.start_pieces(dst, len, offset, pool) }
     }
 
-    /// Starts a device read of the object's bytes in `offset..offset+len` (some inside it):
-    /// ranged GETs, each a task of the runtime, take a piece of `pool` once the server has
-    /// answered, fill it with the body and hand it over as soon as it is full; one blocking
-    /// thread copies each piece to its place in device memory and gives it back to the pool once
-    /// that copy has completed.
+    /// Starts a device read of the object's bytes in `offset..offset+len` (some inside it)
+    /// through the pieces of the pool `pool()` gives, asked for only when there is something to
+    /// read (a read of nothing needs no driver): ranged GETs, each a task of the runtime, take a
+    /// piece once the server has answered, fill it with the body and hand it over as soon as it
+    /// is full; one blocking thread copies each piece to its place in device memory and gives it
+    /// back to the pool once that copy has completed.
     ///
     /// # Safety
-    /// As [`RemoteFile::pread_device`], with `dst..dst+len` device memory of `pool`'s engine
-    /// that does not wrap around.
+    /// As [`RemoteFile::pread_device`], with `dst..dst+len` device memory of the pool's engine.
     unsafe fn start_pieces<E>(
         &self,
-        pool: Arc<PiecePool<E>>,
         dst: DevicePtr,
         len: usize,
         offset: u64,
+        pool: impl FnOnce() -> Result<Arc<PiecePool<E>>>,
     ) -> Result<Arc<Completion>>
     where
         E: CopyEngine + Send + Sync + 'static,
@@ -490,6 +480,13 @@ impl RemoteFile {
         E::Stream: Send,
     {
         let n = self.available(offset, len);
+        if n == 0 {
+            return Ok(Completion::new(offset, 0, 0));
+        }
+        if dst.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument("device range wraps around".into()));
+        }
+        let pool = pool()?;
         let settings = &self.inner.settings;
         let longest = settings.remote_range_size.min(n as u64);
         if (pool.piece_len() as u64) < longest {
