@@ -73,6 +73,11 @@ def _client(name: str, url: str, size: int) -> int:
     if name.startswith("ferrio"):
         import ferrio
 
+        # `ferrio@NAME=VALUE` (or `ferrio-gpu@...`): ferrio with one setting changed.
+        name, _, setting = name.partition("@")
+        if setting:
+            key, _, value = setting.partition("=")
+            ferrio.config.set(**{key: value})
         kw: dict[str, Any] = {}
         if name == "ferrio-64":
             kw = {"concurrency": 64}
@@ -185,6 +190,7 @@ def _available(name: str) -> str | None:
     """None if client `name` can run here, else why not."""
     import importlib.util
 
+    name = name.partition("@")[0]
     mod = next((m for p, m in NEEDS.items() if name.startswith(p)), None)
     if mod is not None and importlib.util.find_spec(mod) is None:
         return f"{mod} is not installed"
@@ -504,7 +510,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the object lives (default: a temp dir)")
     ap.add_argument("--server", choices=["auto", "nginx", "python"], default="auto")
-    ap.add_argument("--clients", default=",".join(HOST_CLIENTS), help="comma-separated")
+    ap.add_argument(
+        "--clients",
+        default=",".join(HOST_CLIENTS),
+        help="comma-separated; ferrio@NAME=VALUE (or ferrio-gpu@...) is ferrio with a setting",
+    )
     ap.add_argument("--settings", default="capped,slow", help="capped, slow (comma-separated)")
     ap.add_argument("--gpu", action="store_true", help="add ferrio into GPU memory (CuPy)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per client run")

@@ -545,13 +545,18 @@ def test_s3_anonymous_without_credentials(s3: Any, monkeypatch: pytest.MonkeyPat
 # ---------------------------------------------------------------------------------------------
 
 
-def test_http_into_cupy(http_object: tuple[str, _Object]) -> None:
+def _cupy_with_gpu() -> Any:
     cp = pytest.importorskip("cupy")
     try:
         if cp.cuda.runtime.getDeviceCount() < 1:
             pytest.skip("no GPU")
     except Exception as e:
         pytest.skip(f"no usable GPU: {e}")
+    return cp
+
+
+def test_http_into_cupy(http_object: tuple[str, _Object]) -> None:
+    cp = _cupy_with_gpu()
     url, obj = http_object
     with ferrio.open_url(url, range_size="1MiB") as f:
         dst = cp.full(f.size + 10, 0xA5, dtype=cp.uint8)
@@ -561,3 +566,22 @@ def test_http_into_cupy(http_object: tuple[str, _Object]) -> None:
         part = cp.zeros(3 << 20, dtype=cp.uint8)
         assert f.read(part, offset=4097) == len(part)
         assert cp.asnumpy(part).tobytes() == obj.body[4097 : 4097 + len(part)]
+
+
+@pytest.mark.usefixtures("restore_settings")
+def test_http_into_cupy_through_pieces_shorter_than_the_ranges(
+    http_object: tuple[str, _Object],
+) -> None:
+    """Guided ranges longer than the pinned pieces: each GET fills several pieces in turn."""
+    cp = _cupy_with_gpu()
+    url, obj = http_object
+    # Two GETs in flight: a range is an eighth of what is left, 64 KiB to 1 MiB, and the pieces
+    # are 64 KiB.
+    ferrio.config.set(remote_range_size="64KiB", remote_max_range_size="1MiB", remote_concurrency=2)
+    with ferrio.open_url(url) as f:
+        for offset in (0, 4097):
+            size = f.size - offset
+            dst = cp.full(size + 10, 0xA5, dtype=cp.uint8)
+            assert f.read(dst, size=size, offset=offset) == size
+            assert cp.asnumpy(dst[:size]).tobytes() == obj.body[offset:]
+            assert int(dst[size]) == 0xA5

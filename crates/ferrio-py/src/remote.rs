@@ -110,12 +110,18 @@ pub(crate) fn open_remote(
     Ok(Py::new(py, open_reader(py, url, settings)?)?.into_any())
 }
 
-/// The settings in force with the per-object options given.
+/// The settings in force with the per-object options given. A range size given for one object
+/// is the size of each of its GETs, as its name says (not the shortest of guided ranges).
 fn settings_with(options: [(&str, Option<SettingText>); 2]) -> PyResult<Settings> {
     let mut settings = Settings::current();
     for (name, value) in options {
         if let Some(SettingText(text)) = value {
             settings.set(name, &text).map_err(to_pyerr)?;
+            if name == "remote_range_size" {
+                settings
+                    .set("remote_max_range_size", &text)
+                    .map_err(to_pyerr)?;
+            }
         }
     }
     Ok(settings)
@@ -136,8 +142,9 @@ fn open_reader(py: Python<'_>, url: &str, settings: Settings) -> PyResult<Remote
 /// `url` is `s3://bucket/key`, `gs://bucket/key`, `az://container/key` (or `abfs://`) or
 /// `http(s)://host/path`. Credentials and endpoints come from the environment as each store's
 /// tools read them (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `GOOGLE_*`,
-/// `AZURE_STORAGE_*`); without credentials requests are unsigned. `range_size` (bytes per GET)
-/// and `concurrency` (GETs in flight) override `remote_range_size` and `remote_concurrency`.
+/// `AZURE_STORAGE_*`); without credentials requests are unsigned. `range_size` (bytes per GET:
+/// every GET that long, where the settings' ranges start longer on a large object) and
+/// `concurrency` (GETs in flight) override `remote_range_size` and `remote_concurrency`.
 /// Raises `FileNotFoundError` or `PermissionError` naming the URL, `ValueError` for a malformed
 /// URL, a mode other than `r` or `w`, or `w` on an `http(s)://` URL (read-only).
 #[pyfunction]

@@ -161,8 +161,10 @@ pub struct Settings {
     pub pinned_limit: u64,
     /// How the bounce rings' pinned memory is made.
     pub pinned_memory: PinnedMemory,
-    /// Bytes per ranged GET when reading a remote object.
+    /// Bytes per ranged GET when reading a remote object: the shortest ones of a large object.
     pub remote_range_size: u64,
+    /// Longest ranged GET of a large remote object (its first ones).
+    pub remote_max_range_size: u64,
     /// Ranged GETs in flight per remote store (all objects of one bucket or server share them).
     pub remote_concurrency: usize,
     /// Longest wait for a connection to a remote store.
@@ -196,6 +198,7 @@ impl Default for Settings {
             pinned_limit: 0,
             pinned_memory: PinnedMemory::Driver,
             remote_range_size: 0,
+            remote_max_range_size: 0,
             remote_concurrency: 0,
             remote_connect_timeout: Duration::ZERO,
             remote_timeout: Duration::ZERO,
@@ -430,6 +433,21 @@ pub const SETTINGS: &[SettingInfo] = &[
         get: |s| s.remote_range_size.to_string(),
         set: |s, v| {
             s.remote_range_size = size(v, 4096, "at least 4KiB")?;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "remote_max_range_size",
+        env: "FERRIO_REMOTE_MAX_RANGE_SIZE",
+        unit: "bytes",
+        default: "64 MiB",
+        doc: "longest ranged GET of a large remote object: its first GETs are up to this long \
+              (each a quarter of an even share of what is left among remote_concurrency GETs) and the last ones \
+              remote_range_size, so each GET's wait for its first byte is spread over more \
+              bytes; at or below remote_range_size every GET is remote_range_size",
+        get: |s| s.remote_max_range_size.to_string(),
+        set: |s, v| {
+            s.remote_max_range_size = size(v, 4096, "at least 4KiB")?;
             Ok(())
         },
     },

@@ -21,6 +21,16 @@ use crate::error::{Error, Op, Result};
 
 use super::store;
 
+/// Where the bytes of a GET go, as they arrive ([`Pinned::fetch`]).
+pub(crate) trait Landing: Send {
+    /// Takes `bytes`, the object's bytes from offset `at` on (the next ones of the range).
+    fn land<'a>(
+        &'a mut self,
+        at: u64,
+        bytes: &'a [u8],
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'a;
+}
+
 /// The object a read is pinned to: where it is and which version of it.
 #[derive(Debug, Clone)]
 pub(crate) struct Pinned {
@@ -88,45 +98,18 @@ impl Pinned {
         }
     }
 
-    /// Fills `dst` with the object's bytes `range` (`dst.len()` is the range's length; the range
-    /// lies inside the object). `sink` is called with each piece that landed, for progress.
-    pub(crate) async fn fetch_into(
-        &self,
-        range: Range<u64>,
-        dst: &mut [u8],
-        sink: &(dyn Fn(u64) + Sync),
-    ) -> Result<()> {
-        self.fetch_into_later(range, async { Ok(dst) }, sink)
-            .await
-            .map(drop)
-    }
-
-    /// As [`Pinned::fetch_into`], into memory that `dst` gives only once the first reply has
-    /// come (its first `range.end - range.start` bytes are filled), which is returned: memory
-    /// that is scarce (pinned pieces) is then held while the body arrives, not while the server
-    /// thinks about it.
-    pub(crate) async fn fetch_into_later<D: AsMut<[u8]>>(
-        &self,
-        range: Range<u64>,
-        dst: impl std::future::Future<Output = Result<D>>,
-        sink: &(dyn Fn(u64) + Sync),
-    ) -> Result<D> {
-        let len = usize::try_from(range.end - range.start).unwrap_or(usize::MAX);
-        let mut dst = std::pin::pin!(dst);
-        let mut memory: Option<D> = None;
-        let mut done = 0usize;
+    /// Streams the object's bytes `range` (inside the object) to `land`, in order: each piece
+    /// of the body as it arrives, with the object offset of its first byte. Nothing is asked of
+    /// `land` before the server has answered, so memory that is scarce (pinned pieces) can be
+    /// taken there and held only while a body arrives, not while the server thinks. A body that
+    /// breaks off is asked again from where it stopped. An error of `land` ends the GET and is
+    /// returned.
+    pub(crate) async fn fetch(&self, range: Range<u64>, land: &mut impl Landing) -> Result<()> {
+        let mut at = range.start;
         let mut body_failures = 0usize;
         let mut first_failure: Option<Instant> = None;
-        if len == 0 {
-            return dst.await;
-        }
-        loop {
-            if done == len {
-                if let Some(filled) = memory {
-                    return Ok(filled);
-                }
-            }
-            let want = range.start + done as u64..range.end;
+        while at < range.end {
+            let want = at..range.end;
             let got = self
                 .store
                 .get_opts(&self.path, self.options(want.clone()))
@@ -144,25 +127,12 @@ impl Pinned {
                     )),
                 ));
             }
-            let held = match &mut memory {
-                Some(held) => held,
-                None => memory.insert(dst.as_mut().await?),
-            };
-            let dst = held.as_mut();
-            if dst.len() < len {
-                return Err(Error::InvalidArgument(format!(
-                    "{} bytes of memory cannot hold a range of {len} bytes",
-                    dst.len()
-                )));
-            }
-            let dst = &mut dst[..len];
             let mut body = got.into_stream();
             let mut broke = None;
             while let Some(piece) = body.next().await {
                 match piece {
                     Ok(bytes) => {
-                        let end = done + bytes.len();
-                        if end > dst.len() {
+                        if bytes.len() as u64 > range.end - at {
                             return Err(self.read_err(
                                 &want,
                                 std::io::Error::other(
@@ -170,9 +140,8 @@ impl Pinned {
                                 ),
                             ));
                         }
-                        dst[done..end].copy_from_slice(&bytes);
-                        done = end;
-                        sink(bytes.len() as u64);
+                        land.land(at, &bytes).await?;
+                        at += bytes.len() as u64;
                     }
                     Err(e) => {
                         broke = Some(e);
@@ -180,7 +149,7 @@ impl Pinned {
                     }
                 }
             }
-            if done < dst.len() {
+            if at < range.end {
                 // The body broke off (or ended early): ask again for what is missing.
                 body_failures += 1;
                 let since = *first_failure.get_or_insert_with(Instant::now);
@@ -196,5 +165,6 @@ impl Pinned {
                 }
             }
         }
+        Ok(())
     }
 }

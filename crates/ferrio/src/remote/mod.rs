@@ -3,14 +3,16 @@
 //! [`RemoteWriter`] (`write.rs`).
 //!
 //! A remote object is another *source* for the same destinations as a [`crate::File`]: a read
-//! is planned into range tasks like a local read (`plan::split`, with
+//! is planned into range tasks like a local read, long ones first and shorter ones last
+//! (`plan::split_guided`, between [`Settings::remote_max_range_size`] and
 //! [`Settings::remote_range_size`]), the tasks run as ranged GETs on one tokio runtime inside
 //! the library (`runtime.rs`), at most [`Settings::remote_concurrency`] at once per store (all
 //! objects of one bucket, container or server share the cap: `store::in_flight_cap`), and
-//! each lands directly in its slice of the caller's memory; the same [`IoFuture`] reports the
-//! outcome. For GPU memory each GET lands in a pinned piece of the context's `PiecePool`
-//! (`bounce/pieces.rs`) instead, and one thread copies each piece to its place in device memory
-//! as soon as it has landed, in any order, then gives it back once that copy has completed: the
+//! each body lands directly in its slice of the caller's memory; the same [`IoFuture`] reports
+//! the outcome. For GPU memory each body fills pinned pieces of the context's `PiecePool`
+//! (`bounce/pieces.rs`) instead, one after another, and one thread copies each piece to its
+//! place in device memory as soon as it is full, in any order, then gives it back once that
+//! copy has completed: the
 //! bytes are copied on the host once, from the body into pinned memory, as for a host read (the
 //! pool and its copies live in `bounce/`, which knows no source). The object's size and version
 //! (ETag, version id, or where a server gives no ETag its Last-Modified time) are fixed at open
@@ -42,10 +44,17 @@ use crate::error::{Error, Result};
 use crate::plan::{self, Task};
 use crate::pool::{Completion, IoFuture};
 
+use fetch::Landing;
+
 pub(crate) use list::{as_prefix, can_list, encode_key_part, is_plain_name, list_prefix_until};
 pub use list::{list_prefix, ListedObject};
 pub use store::is_remote_url;
 pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MAX_PARTS, MIN_PART_SIZE};
+
+/// A read's ranges are sized so that about this many are left for each GET in flight
+/// ([`RemoteFile::ranges`]): with one (a range per GET), the GETs that start last would end long
+/// after the others.
+const RANGES_PER_GET_IN_FLIGHT: usize = 4;
 
 /// Bytes every remote read of this process has received so far.
 static BYTES_READ: AtomicU64 = AtomicU64::new(0);
@@ -298,6 +307,24 @@ impl RemoteFile {
         self.inner.len.saturating_sub(offset).min(len as u64) as usize
     }
 
+    /// The ranged GETs of a read of `len` bytes at `offset` (guided, [`plan::split_guided`]):
+    /// each a quarter of an even share of what is left among the GETs in flight, between
+    /// [`Settings::remote_range_size`] and [`Settings::remote_max_range_size`]. A large object's
+    /// first GETs are long, so each one's wait for its first byte is spread over more bytes;
+    /// the last are short, so the GETs end together.
+    fn ranges(&self, offset: u64, len: usize) -> Vec<Task> {
+        let s = &self.inner.settings;
+        let parts = (RANGES_PER_GET_IN_FLIGHT * s.remote_concurrency.max(1)) as u64;
+        plan::split_guided(
+            offset,
+            len,
+            s.remote_range_size,
+            s.remote_max_range_size,
+            parts,
+            1,
+        )
+    }
+
     /// Reads `buf.io_len()` bytes at `offset` into `buf` with parallel ranged GETs; the future
     /// owns the buffer until it is done ([`IoFuture::into_buffer`] gives it back).
     pub fn pread<B: IoBufMut>(&self, mut buf: B, offset: u64) -> IoFuture<B> {
@@ -350,7 +377,7 @@ impl RemoteFile {
         offset
             .checked_add(len as u64)
             .ok_or_else(|| Error::InvalidArgument("range wraps around".into()))?;
-        let tasks = plan::split(offset, len, self.inner.settings.remote_range_size, 1);
+        let tasks = self.ranges(offset, len);
         let completion = Completion::new(offset, len, tasks.len());
         if tasks.is_empty() {
             return Ok(completion);
@@ -374,13 +401,16 @@ impl RemoteFile {
                 // (the tasks do not overlap), valid and unaliased until the future resolves,
                 // which happens only after this task reports below.
                 let slice = unsafe { std::slice::from_raw_parts_mut(dst.get(), n) };
-                // A cancel (or another range's error) drops the GET in flight: its slice is
-                // left as it is, and the request's result is the error or `Cancelled`.
+                // Each piece of the body lands at its place in the slice. A cancel (or another
+                // range's error) drops the GET in flight: its slice is left as it is, and the
+                // request's result is the error or `Cancelled`.
+                let mut land = IntoSlice {
+                    slice,
+                    start: task.offset,
+                    completion: &completion,
+                };
                 let outcome = runtime::unless_cancelled(
-                    pinned.fetch_into(task.offset..task.offset + n as u64, slice, &|b| {
-                        count_read(b);
-                        completion.add_progress(b)
-                    }),
+                    pinned.fetch(task.offset..task.offset + n as u64, &mut land),
                     || completion.is_cancelled(),
                 )
                 .await
@@ -449,8 +479,8 @@ impl RemoteFile {
                 }
             };
             let settings = &self.inner.settings;
-            // Pieces of a whole range even for a shorter read: the context's pool serves every
-            // read.
+            // Pieces of the shortest range, whatever this read's length: the context's pool serves
+            // every read, and a longer range fills several.
             let piece_len = usize::try_from(settings.remote_range_size).unwrap_or(usize::MAX);
             bounce::cuda_piece_pool(context, piece_len, settings)
         };
@@ -461,9 +491,9 @@ impl RemoteFile {
     /// Starts a device read of the object's bytes in `offset..offset+len` (some inside it)
     /// through the pieces of the pool `pool()` gives, asked for only when there is something to
     /// read (a read of nothing needs no driver): ranged GETs, each a task of the runtime, take a
-    /// piece once the server has answered, fill it with the body and hand it over as soon as it
-    /// is full; one blocking thread copies each piece to its place in device memory and gives it
-    /// back to the pool once that copy has completed.
+    /// piece once their body comes, fill it and hand it over as soon as it is full (a long range
+    /// fills several, one at a time); one blocking thread copies each piece to its place in
+    /// device memory and gives it back to the pool once that copy has completed.
     ///
     /// # Safety
     /// As [`RemoteFile::pread_device`], with `dst..dst+len` device memory of the pool's engine.
@@ -487,14 +517,6 @@ impl RemoteFile {
             return Err(Error::InvalidArgument("device range wraps around".into()));
         }
         let pool = pool()?;
-        let settings = &self.inner.settings;
-        let longest = settings.remote_range_size.min(n as u64);
-        if (pool.piece_len() as u64) < longest {
-            return Err(Error::InvalidArgument(format!(
-                "pinned pieces of {} bytes cannot hold ranges of {longest} bytes",
-                pool.piece_len()
-            )));
-        }
         let (pinned, in_flight) = self.pinned()?;
         let handle = runtime::handle()?;
         // One task for the whole transfer: the GETs supply the parallelism.
@@ -504,47 +526,48 @@ impl RemoteFile {
             buf_offset: 0,
         };
         let completion = Completion::new(offset, len, 1);
-        let ranges = plan::split(offset, n, settings.remote_range_size, 1);
-        let ahead = settings.remote_concurrency.max(1);
-        // Pinned memory stays near `ahead` pieces (GETs filling, ranges handed over, copies
-        // running), kept in the pool for the next read; the channel has room for every piece,
-        // so no GET holding one waits on it.
+        let ranges = self.ranges(offset, n);
+        let ahead = self.inner.settings.remote_concurrency.max(1);
+        // Pinned memory stays near `ahead` pieces (GETs filling, pieces handed over, copies
+        // running), kept in the pool for the next read; a GET holds at most one piece at a time.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(Task, Piece<E>)>>(ahead);
         let producer = {
             let spawner = handle.clone();
             let pool = pool.clone();
             async move {
                 // Each GET is a task of its own, so that the runtime's threads share the work of
-                // receiving the bodies; they are handed over as they finish, and dropping the
+                // receiving the bodies; each hands over its pieces as they fill, and dropping the
                 // stream (a cancel, an error) aborts those still running, whose pieces go back.
                 let mut gets = futures::stream::iter(ranges)
                     .map(|r| {
                         let pinned = pinned.clone();
                         let in_flight = in_flight.clone();
                         let pool = pool.clone();
+                        let tx = tx.clone();
                         runtime::AbortOnDrop(spawner.spawn(async move {
                             // The store's permit (GPU and host reads share the cap), then the
-                            // request; a piece only once the reply has come, so that pieces are
+                            // request; a piece only once the body comes, so that pieces are
                             // held while bodies arrive, not while the server thinks (the first
                             // read pins its pieces meanwhile, and a fast body gives its piece
                             // back before a new one could be pinned). No circle: a GET holding
                             // a piece waits for nothing but its body, and a landed piece goes
                             // back once copied.
                             let _permit = in_flight.acquire_owned().await;
-                            let piece = pinned
-                                .fetch_into_later(
-                                    r.offset..r.offset + r.len as u64,
-                                    pool.take(ahead),
-                                    &count_read,
-                                )
-                                .await?;
-                            Ok((r, piece))
+                            let mut land = IntoPieces {
+                                range: r,
+                                pool,
+                                most: ahead,
+                                landed: tx,
+                                filling: None,
+                            };
+                            pinned.fetch(r.offset..r.end(), &mut land).await
                         }))
                     })
                     .buffer_unordered(ahead);
-                while let Some(landed) = gets.next().await {
-                    let failed = landed.is_err();
-                    if tx.send(landed).await.is_err() || failed {
+                while let Some(got) = gets.next().await {
+                    if let Err(e) = got {
+                        // The first error stops the copies and, by dropping `gets`, the GETs.
+                        let _ = tx.send(Err(e)).await;
                         return;
                     }
                 }
@@ -626,6 +649,82 @@ unsafe fn copy_landed<E: CopyEngine>(
     // Report the first error, but only once no copy runs any more.
     let finished = copies.finish();
     stopped.and_then(|n| finished.map(|()| n))
+}
+
+/// A host read's GET: the body lands in the caller's memory for its range.
+struct IntoSlice<'a> {
+    slice: &'a mut [u8],
+    /// The object offset of `slice`'s first byte.
+    start: u64,
+    completion: &'a Completion,
+}
+
+impl Landing for IntoSlice<'_> {
+    fn land<'a>(
+        &'a mut self,
+        at: u64,
+        bytes: &'a [u8],
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'a {
+        // `fetch` hands over only bytes of the range asked for, which `slice` holds.
+        let from = (at - self.start) as usize;
+        self.slice[from..from + bytes.len()].copy_from_slice(bytes);
+        count_read(bytes.len() as u64);
+        self.completion.add_progress(bytes.len() as u64);
+        std::future::ready(Ok(()))
+    }
+}
+
+/// A device read's GET: the body fills pinned pieces taken as the bytes come, each handed to
+/// the copies as soon as it is full or the range has ended.
+struct IntoPieces<E: CopyEngine> {
+    /// The GET's range, placed in the read.
+    range: Task,
+    pool: Arc<PiecePool<E>>,
+    /// Most pieces the pool makes for this read ([`PiecePool::take`]).
+    most: usize,
+    landed: tokio::sync::mpsc::Sender<Result<(Task, Piece<E>)>>,
+    /// The piece being filled, and what of the read it holds so far.
+    filling: Option<(Task, Piece<E>)>,
+}
+
+impl<E> Landing for IntoPieces<E>
+where
+    E: CopyEngine + Send + Sync + 'static,
+    E::Event: Send,
+    E::Stream: Send,
+{
+    async fn land(&mut self, mut at: u64, mut bytes: &[u8]) -> Result<()> {
+        count_read(bytes.len() as u64);
+        while !bytes.is_empty() {
+            let (mut part, mut piece) = match self.filling.take() {
+                Some(filling) => filling,
+                None => {
+                    let piece = self.pool.take(self.most).await?;
+                    let buf_offset = self.range.buf_offset + (at - self.range.offset) as usize;
+                    let part = Task {
+                        offset: at,
+                        len: 0,
+                        buf_offset,
+                    };
+                    (part, piece)
+                }
+            };
+            let room = &mut piece.bytes_mut()[part.len..];
+            let n = room.len().min(bytes.len());
+            room[..n].copy_from_slice(&bytes[..n]);
+            let full = n == room.len();
+            part.len += n;
+            at += n as u64;
+            bytes = &bytes[n..];
+            if !full && at < self.range.end() {
+                self.filling = Some((part, piece));
+            } else if self.landed.send(Ok((part, piece))).await.is_err() {
+                // The copies stopped (an error, a cancel).
+                return Err(Error::Cancelled);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A pointer into the caller's memory, sent to the runtime task that fills its slice.

@@ -28,6 +28,8 @@ struct Object {
     /// After this many GETs the object is replaced (usize::MAX: never).
     replace_after: AtomicUsize,
     gets: AtomicUsize,
+    /// The ranges asked for (first byte, last byte), in the order the GETs came.
+    asked: Mutex<Vec<(usize, usize)>>,
     /// Milliseconds each GET waits before it answers.
     delay_ms: AtomicU64,
     /// Milliseconds each GET's reply pauses halfway through its body.
@@ -68,6 +70,7 @@ fn serve(body: Vec<u8>) -> Server {
         ignore_range: AtomicBool::new(false),
         replace_after: AtomicUsize::new(usize::MAX),
         gets: AtomicUsize::new(0),
+        asked: Mutex::new(Vec::new()),
         delay_ms: AtomicU64::new(0),
         body_pause_ms: AtomicU64::new(0),
         delay_at: Mutex::new(Vec::new()),
@@ -139,6 +142,7 @@ fn answer(conn: TcpStream, object: &Object) -> std::io::Result<()> {
         std::thread::sleep(Duration::from_millis(
             object.delay_ms.load(Ordering::Relaxed),
         ));
+        object.asked.lock().unwrap().extend(range);
         let start = range.map_or(0, |(a, _)| a);
         let extra = object
             .delay_at
@@ -251,6 +255,68 @@ fn ranged_reads_are_byte_identical() {
     let (n, buf) = f.pread(vec![0u8; 4096], 100).into_buffer();
     assert_eq!(n.unwrap(), 4096);
     assert_eq!(buf, &body[100..4196]);
+}
+
+/// The lengths of the ranges `object` was asked for, in the object's order, checked to cover
+/// `0..len` exactly once; the log is emptied.
+#[track_caller]
+fn ranges_asked(object: &Object, len: usize) -> Vec<usize> {
+    let mut asked = std::mem::take(&mut *object.asked.lock().unwrap());
+    asked.sort_unstable();
+    let mut next = 0;
+    for &(first, last) in &asked {
+        assert_eq!(first, next, "ranges without a gap or an overlap: {asked:?}");
+        next = last + 1;
+    }
+    assert_eq!(next, len, "ranges to the object's end");
+    asked.iter().map(|(first, last)| last + 1 - first).collect()
+}
+
+#[test]
+fn large_reads_ask_long_ranges_first_and_short_ones_last() {
+    const KIB: usize = 1 << 10;
+    let body = data((8 << 20) + 77);
+    let server = serve(body.clone());
+    // 64 KiB to 256 KiB ranges, 4 in flight: a range is a sixteenth of what is left.
+    let mut s = small_ranges();
+    s.set("remote_max_range_size", "256KiB").unwrap();
+    let f = RemoteFile::open_with(&server.url, s.clone()).unwrap();
+    server.object.asked.lock().unwrap().clear();
+    assert_bytes_eq(&f.read_all().unwrap(), &body, "host read");
+    let host = ranges_asked(&server.object, body.len());
+    // Into device memory through pieces shorter than the ranges: each fills several.
+    let device = EmulatedDevice::default();
+    let pool = piece_pool(&device, 64 * KIB, u64::MAX);
+    let mem = EmuMem::new(&device, body.len());
+    assert_eq!(
+        start_gpu_read(&f, &pool, &mem, 0).wait().unwrap(),
+        body.len()
+    );
+    assert_bytes_eq(&mem.read(), &body, "device read");
+    assert_settled(&device, &pool);
+    assert_eq!(device.violations(), Vec::<String>::new());
+    let gpu = ranges_asked(&server.object, body.len());
+    assert_eq!(host, gpu, "host and device reads ask the same ranges");
+    assert_eq!(host[0], 256 * KIB, "the first ranges are the longest");
+    let last = host[host.len() - 1];
+    assert!(
+        (64 * KIB..128 * KIB).contains(&last),
+        "the last is short: {last}"
+    );
+    assert!(
+        host[..host.len() - 1].windows(2).all(|w| w[1] <= w[0]),
+        "never longer than the one before, but for the last, which takes the rest: {host:?}"
+    );
+    // Fewer GETs than with the shortest ranges alone (129), more than with the longest (33).
+    assert!((34..129).contains(&host.len()), "{} ranges", host.len());
+    // With the longest no longer than the shortest, every range is that long.
+    s.set("remote_max_range_size", "64KiB").unwrap();
+    let f = RemoteFile::open_with(&server.url, s).unwrap();
+    server.object.asked.lock().unwrap().clear();
+    assert_bytes_eq(&f.read_all().unwrap(), &body, "fixed ranges");
+    let fixed = ranges_asked(&server.object, body.len());
+    assert_eq!(fixed.len(), 129);
+    assert!(fixed[..128].iter().all(|&n| n == 64 * KIB));
 }
 
 #[test]
@@ -566,11 +632,19 @@ fn gpu_reads_land_every_range_in_place_as_ranges_finish() {
     let zero = unsafe { f.pread_device_with(&pool, DevicePtr(0), 0, 0) }.wait();
     assert_eq!(zero.unwrap(), 0);
     assert_eq!(device.copies_issued(), copies);
-    // Pieces shorter than the ranges are refused, not overrun.
+    // Pieces shorter than the ranges: each range fills several, one after another.
     let small = piece_pool(&device, 4096, u64::MAX);
-    let mem = EmuMem::new(&device, 1 << 17);
-    let err = start_gpu_read(&f, &small, &mem, 0).wait().unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    let mem = EmuMem::new(&device, (1 << 17) + 5);
+    let copies = device.copies_issued();
+    let n = start_gpu_read(&f, &small, &mem, 3).wait().unwrap();
+    assert_eq!(n, (1 << 17) + 5);
+    assert_bytes_eq(&mem.read(), &body[3..n + 3], "4 KiB pieces, 64 KiB ranges");
+    assert_eq!(
+        device.copies_issued() - copies,
+        33,
+        "32 full pieces and one of 5 bytes"
+    );
+    assert_pieces_come_back(&small);
     assert_eq!(device.violations(), Vec::<String>::new());
     assert_pieces_come_back(&pool);
 }
@@ -638,6 +712,7 @@ fn gpu_read_never_refills_a_piece_whose_copy_runs() {
     let server = serve(body.clone());
     let mut s = small_ranges();
     s.set("remote_range_size", "16KiB").unwrap();
+    s.set("remote_max_range_size", "16KiB").unwrap();
     let f = RemoteFile::open_with(&server.url, s).unwrap();
     // Copies slower than the GETs: the pieces wait for them, and 32 ranges go round 4 pieces.
     let device = EmulatedDevice::new(Duration::from_millis(4));
