@@ -440,7 +440,7 @@ pub const SETTINGS: &[SettingInfo] = &[
         name: "remote_max_range_size",
         env: "FERRIO_REMOTE_MAX_RANGE_SIZE",
         unit: "bytes",
-        default: "64 MiB",
+        default: "16 MiB",
         doc: "longest ranged GET of a large remote object: its first GETs are up to this long \
               (each a quarter of an even share of what is left among remote_concurrency GETs) and the last ones \
               remote_range_size, so each GET's wait for its first byte is spread over more \
