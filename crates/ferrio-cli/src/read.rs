@@ -135,7 +135,19 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         let outcomes = read_to_gpu(&files, &lens, gpu, total, a.io.json)?;
         return report(&outcomes, Some(gpu), a.io.json);
     }
-    let (window, per_file, at_once) = plan(&lens);
+    // Remote objects stream without windows (`read_streamed`): only files need them.
+    let file_lens: Vec<u64> = files
+        .iter()
+        .zip(&lens)
+        .map(|(f, &len)| {
+            if matches!(f, Source::Local(_)) {
+                len
+            } else {
+                0
+            }
+        })
+        .collect();
+    let (window, per_file, at_once) = plan(&file_lens);
     // A read of files the page cache holds is a memory copy: windows small enough to stay in
     // the CPU's cache (as `dd`'s block does) copy faster than large ones, which stream through
     // memory. A cold read keeps the large windows its fill tasks need.
@@ -431,6 +443,9 @@ fn read_to_gpu(
 /// Reads all of `f` through the windows in `bufs`, all of them in flight, reusing them;
 /// stops promptly at Ctrl-C. The windows are handed back in `bufs` when all went well.
 fn read_one(f: &Source, bufs: &mut Vec<Window>) -> anyhow::Result<Outcome> {
+    if let Source::Remote(r) = f {
+        return read_streamed(r);
+    }
     let len = f.len()?;
     let window = bufs.first().map_or(0, |w| w.buf.len()).max(1);
     let t0 = Instant::now();
@@ -480,6 +495,32 @@ fn read_one(f: &Source, bufs: &mut Vec<Window>) -> anyhow::Result<Outcome> {
     Ok(Outcome {
         path: f.path().to_path_buf(),
         bytes: done,
+        secs: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Reads a remote object through host memory with every GET in flight at once: each piece of
+/// each body is copied into a scratch buffer of the thread that received it (windows, as for a
+/// file, would cap the GETs in flight at what they hold, and drain at each window's end).
+fn read_streamed(f: &ferrio::RemoteFile) -> anyhow::Result<Outcome> {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 1 << 20]);
+    }
+    let t0 = Instant::now();
+    let len = usize::try_from(f.len()).unwrap_or(usize::MAX);
+    let fut = f.read_to(0, len, |_, bytes| {
+        SCRATCH.with_borrow_mut(|scratch| {
+            for piece in bytes.chunks(scratch.len()) {
+                scratch[..piece.len()].copy_from_slice(piece);
+            }
+        });
+        Ok(())
+    });
+    wait_polled(&fut)?;
+    let done = fut.wait().with_context(|| format!("reading {}", f.url()))?;
+    Ok(Outcome {
+        path: PathBuf::from(f.url()),
+        bytes: done as u64,
         secs: t0.elapsed().as_secs_f64(),
     })
 }

@@ -476,8 +476,9 @@ struct Plan {
     /// Settings for uploads: the parts in flight divided among the files copied at once, so
     /// that the memory held stays that of one file's upload.
     writer_settings: Settings,
-    /// Bytes a download asks for at once: the window divided among the files (the GETs in
-    /// flight are capped per store anyway).
+    /// Bytes a copy between two stores reads at once before uploading them: the window divided
+    /// among the files (the GETs in flight are capped per store anyway). A download needs none:
+    /// its GETs write straight into the file.
     window: usize,
 }
 
@@ -489,7 +490,7 @@ impl Plan {
         Plan {
             settings: settings.clone(),
             writer_settings,
-            window: (download_window(settings) / files_at_once).max(range),
+            window: (store_window(settings) / files_at_once).max(range),
         }
     }
 }
@@ -643,7 +644,7 @@ fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<Copi
             }
             writer.close().map(|_| ())
         }
-        (Source::Remote(src), End::Local(dst)) => download(src, dst, plan.window, progress),
+        (Source::Remote(src), End::Local(dst)) => download(src, dst, progress),
         (Source::Remote(src), End::Url(dst)) => {
             if remote::copy_in_store(src.url(), dst, src.len())? {
                 progress.add_bytes(src.len());
@@ -755,9 +756,9 @@ impl Stamp {
     }
 }
 
-/// Bytes a download asks for at once: enough ranges to keep every GET slot busy, capped so the
-/// memory stays modest.
-fn download_window(settings: &Settings) -> usize {
+/// Bytes a copy between two stores reads at once: enough ranges to keep every GET slot busy,
+/// capped so the memory stays modest.
+fn store_window(settings: &Settings) -> usize {
     const MAX: u64 = 256 << 20;
     let range = settings.remote_range_size.max(1);
     let n = range.saturating_mul(settings.remote_concurrency.max(1) as u64);
@@ -789,7 +790,7 @@ fn read_remote(
 /// Downloads `src` into a temporary file next to `dst`, renamed over it when complete; removed
 /// on an error or a cancel. A `dst` that is a symlink to a file is written through, as a local
 /// copy writes it (`dest::write_target`).
-fn download(src: &RemoteFile, dst: &Path, window: usize, progress: &CopyProgress) -> Result<()> {
+fn download(src: &RemoteFile, dst: &Path, progress: &CopyProgress) -> Result<()> {
     let existing = fs::symlink_metadata(dst).ok();
     let dst = &super::dest::write_target(dst, existing.as_ref())?;
     // Refused before any byte is fetched, as a local copy refuses it, rather than at the rename.
@@ -816,46 +817,46 @@ fn download(src: &RemoteFile, dst: &Path, window: usize, progress: &CopyProgress
         source: std::io::Error::other("no file handle"),
     })?;
     let len = src.len();
-    let mut buf = vec![0u8; window.min(len as usize).max(1)];
-    let mut offset = 0u64;
-    while offset < len {
-        let want = buf.len().min((len - offset) as usize);
-        // SAFETY: `buf` is exclusively borrowed here and the future is waited on below (or
-        // dropped, which waits) before `buf` is touched again.
-        let fut = unsafe { src.pread_raw(buf.as_mut_ptr(), want, offset) };
-        let mut seen = 0;
-        while !fut.wait_timeout(POLL) {
-            let now = fut.bytes();
-            progress.add_bytes(now - seen);
-            seen = now;
-            if progress.is_cancelled() {
-                fut.cancel();
-            }
-        }
-        let n = fut.wait()?;
-        progress.add_bytes((n as u64).saturating_sub(seen));
-        if n < want {
-            return Err(Error::Io {
-                op: Op::Read,
-                path: PathBuf::from(src.url()),
-                offset: offset + n as u64,
-                len: (want - n) as u64,
-                source: std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "the object ended early",
-                ),
-            });
-        }
-        std::os::unix::fs::FileExt::write_all_at(&file, &buf[..n], offset).map_err(|source| {
+    // Every GET writes each piece of its body at its place in the file as it arrives: the
+    // object streams through with all its GETs in flight, and no window waits for its slowest
+    // GET before the next starts.
+    let file = Arc::new(file);
+    let out = file.clone();
+    let path = dst.to_path_buf();
+    let write = move |at: u64, bytes: &[u8]| {
+        std::os::unix::fs::FileExt::write_all_at(out.as_ref(), bytes, at).map_err(|source| {
             Error::Io {
                 op: Op::Write,
-                path: dst.to_path_buf(),
-                offset,
-                len: n as u64,
+                path: path.clone(),
+                offset: at,
+                len: bytes.len() as u64,
                 source,
             }
-        })?;
-        offset += n as u64;
+        })
+    };
+    let fut = src.read_to(0, usize::try_from(len).unwrap_or(usize::MAX), write);
+    let mut seen = 0;
+    while !fut.wait_timeout(POLL) {
+        let now = fut.bytes();
+        progress.add_bytes(now - seen);
+        seen = now;
+        if progress.is_cancelled() {
+            fut.cancel();
+        }
+    }
+    let n = fut.wait()? as u64;
+    progress.add_bytes(n.saturating_sub(seen));
+    if n < len {
+        return Err(Error::Io {
+            op: Op::Read,
+            path: PathBuf::from(src.url()),
+            offset: n,
+            len: len - n,
+            source: std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the object ended early",
+            ),
+        });
     }
     let mode = 0o666 & !sys::umask();
     fs::set_permissions(temp.path(), fs::Permissions::from_mode(mode)).map_err(|source| {

@@ -369,11 +369,31 @@ impl RemoteFile {
         Ok(buf)
     }
 
-    /// Plans the range tasks of a host read and spawns them on the runtime.
-    ///
-    /// # Safety
-    /// As [`RemoteFile::pread_raw`].
-    unsafe fn start_read(&self, ptr: *mut u8, len: usize, offset: u64) -> Result<Arc<Completion>> {
+    /// Reads `len` bytes at `offset` with parallel ranged GETs and hands each piece of each body
+    /// to `sink` as it arrives, with the object offset of its first byte: in order within a GET,
+    /// in any order across GETs, on the threads of ferrio's runtime (where `sink` may block on
+    /// I/O: it runs as blocking code). Nothing is buffered past the HTTP client's own pieces,
+    /// so an object of any size streams through, every GET in flight (a download writes each
+    /// piece to its place in a file). The future's outcome is the bytes handed over (fewer only
+    /// past the object's end), the first error (`sink`'s included; the GETs in flight are then
+    /// dropped), or [`Error::Cancelled`]; [`IoFuture::bytes`] counts what was handed over so far.
+    pub fn read_to<S>(&self, offset: u64, len: usize, sink: S) -> IoFuture
+    where
+        S: Fn(u64, &[u8]) -> Result<()> + Send + Sync + 'static,
+    {
+        let sink = Arc::new(sink);
+        let started = self.start_gets(offset, len, move |_, _| IntoSink(sink.clone()));
+        IoFuture::started(started, ())
+    }
+
+    /// Plans the ranged GETs of a host read and spawns them on the runtime, each landing its
+    /// body where the landing `land_for(task, n)` says (`n`: the task's bytes inside the
+    /// object).
+    fn start_gets<L, F>(&self, offset: u64, len: usize, land_for: F) -> Result<Arc<Completion>>
+    where
+        L: Landing + 'static,
+        F: Fn(&Task, usize) -> L + Send + Sync + 'static,
+    {
         offset
             .checked_add(len as u64)
             .ok_or_else(|| Error::InvalidArgument("range wraps around".into()))?;
@@ -385,11 +405,12 @@ impl RemoteFile {
         let (pinned, in_flight) = self.pinned()?;
         let handle = runtime::handle()?;
         let end = self.inner.len;
+        let land_for = Arc::new(land_for);
         for task in tasks {
-            let dst = SendPtr(ptr.wrapping_add(task.buf_offset));
             let pinned = pinned.clone();
             let completion = completion.clone();
             let in_flight = in_flight.clone();
+            let land_for = land_for.clone();
             handle.spawn(async move {
                 let _permit = in_flight.acquire_owned().await;
                 if completion.is_cancelled() {
@@ -397,18 +418,12 @@ impl RemoteFile {
                     return;
                 }
                 let n = end.saturating_sub(task.offset).min(task.len as u64) as usize;
-                // SAFETY: `dst..dst+task.len` is this task's own slice of the caller's memory
-                // (the tasks do not overlap), valid and unaliased until the future resolves,
-                // which happens only after this task reports below.
-                let slice = unsafe { std::slice::from_raw_parts_mut(dst.get(), n) };
-                // Each piece of the body lands at its place in the slice. A cancel (or another
-                // range's error) drops the GET in flight: its slice is left as it is, and the
-                // request's result is the error or `Cancelled`.
-                let mut land = IntoSlice {
-                    slice,
-                    start: task.offset,
+                let mut land = Counted {
+                    inner: land_for(&task, n),
                     completion: &completion,
                 };
+                // A cancel (or another range's error) drops the GET in flight: what it landed
+                // stays where it is, and the request's result is the error or `Cancelled`.
                 let outcome = runtime::unless_cancelled(
                     pinned.fetch(task.offset..task.offset + n as u64, &mut land),
                     || completion.is_cancelled(),
@@ -419,6 +434,19 @@ impl RemoteFile {
             });
         }
         Ok(completion)
+    }
+
+    /// Plans the ranged GETs of a read into host memory at `ptr` and spawns them.
+    ///
+    /// # Safety
+    /// As [`RemoteFile::pread_raw`].
+    unsafe fn start_read(&self, ptr: *mut u8, len: usize, offset: u64) -> Result<Arc<Completion>> {
+        let ptr = SendPtr(ptr);
+        self.start_gets(offset, len, move |task, n| IntoMemory {
+            at: SendPtr(ptr.get().wrapping_add(task.buf_offset)),
+            start: task.offset,
+            len: n,
+        })
     }
 
     /// Reads `len` bytes at `offset` into GPU memory at `dst`: ranged GETs (up to
@@ -651,26 +679,63 @@ unsafe fn copy_landed<E: CopyEngine>(
     stopped.and_then(|n| finished.map(|()| n))
 }
 
-/// A host read's GET: the body lands in the caller's memory for its range.
-struct IntoSlice<'a> {
-    slice: &'a mut [u8],
-    /// The object offset of `slice`'s first byte.
+/// A host read's GET: the body lands in its slice of the caller's memory.
+struct IntoMemory {
+    /// The slice's first byte, which holds the object's byte `start`.
+    at: SendPtr,
     start: u64,
-    completion: &'a Completion,
+    /// The slice's length.
+    len: usize,
 }
 
-impl Landing for IntoSlice<'_> {
+impl Landing for IntoMemory {
     fn land<'a>(
         &'a mut self,
         at: u64,
         bytes: &'a [u8],
     ) -> impl std::future::Future<Output = Result<()>> + Send + 'a {
-        // `fetch` hands over only bytes of the range asked for, which `slice` holds.
+        // `fetch` hands over only bytes of the range asked for, which the slice holds.
         let from = (at - self.start) as usize;
-        self.slice[from..from + bytes.len()].copy_from_slice(bytes);
+        debug_assert!(from + bytes.len() <= self.len);
+        // SAFETY: the slice `at..at+len` is this GET's own part of the caller's memory (the
+        // tasks do not overlap), valid and unaliased until the request's future resolves, which
+        // is after this GET has reported (`pread_raw`'s contract); `from + bytes.len() <= len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.at.get().add(from), bytes.len());
+        }
+        std::future::ready(Ok(()))
+    }
+}
+
+/// A streamed read's GET ([`RemoteFile::read_to`]): each piece of the body goes to the sink.
+struct IntoSink<S>(Arc<S>);
+
+impl<S: Fn(u64, &[u8]) -> Result<()> + Send + Sync> Landing for IntoSink<S> {
+    fn land<'a>(
+        &'a mut self,
+        at: u64,
+        bytes: &'a [u8],
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'a {
+        // The sink may block (a write to a file): the runtime moves its other tasks away first.
+        std::future::ready(tokio::task::block_in_place(|| (self.0)(at, bytes)))
+    }
+}
+
+/// A host GET's landing, counted for progress as the bytes come.
+struct Counted<'c, L> {
+    inner: L,
+    completion: &'c Completion,
+}
+
+impl<L: Landing> Landing for Counted<'_, L> {
+    fn land<'a>(
+        &'a mut self,
+        at: u64,
+        bytes: &'a [u8],
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'a {
         count_read(bytes.len() as u64);
         self.completion.add_progress(bytes.len() as u64);
-        std::future::ready(Ok(()))
+        self.inner.land(at, bytes)
     }
 }
 
@@ -740,6 +805,9 @@ impl SendPtr {
 // SAFETY: each pointer addresses a slice that exactly one task writes, and the caller keeps the
 // memory valid and unaliased until the request's future resolves (`pread_raw`'s contract).
 unsafe impl Send for SendPtr {}
+
+// SAFETY: shared only to be copied into each task's own `IntoMemory` (see `Send`).
+unsafe impl Sync for SendPtr {}
 
 /// What a HEAD would say of the object at `path`, asked with a GET: the first byte (the size
 /// comes from the `Content-Range` of the answer), or for an object that has none (an empty one

@@ -320,6 +320,47 @@ fn large_reads_ask_long_ranges_first_and_short_ones_last() {
 }
 
 #[test]
+fn streamed_reads_hand_every_byte_over_once_and_stop_at_the_sinks_error() {
+    let body = data((2 << 20) + 321);
+    let server = serve(body.clone());
+    let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+    // Each piece lands at its offset; a byte handed over twice would show as a count above 1.
+    let got = Arc::new(Mutex::new((vec![0u8; body.len()], vec![0u8; body.len()])));
+    let sink = {
+        let got = got.clone();
+        move |at: u64, bytes: &[u8]| {
+            let mut g = got.lock().unwrap();
+            let at = at as usize;
+            g.0[at..at + bytes.len()].copy_from_slice(bytes);
+            g.1[at..at + bytes.len()].iter_mut().for_each(|c| *c += 1);
+            Ok(())
+        }
+    };
+    let fut = f.read_to(5, body.len(), sink);
+    assert!(fut.wait_timeout(Duration::from_secs(20)));
+    assert_eq!(fut.bytes(), body.len() as u64 - 5, "progress");
+    assert_eq!(fut.wait().unwrap(), body.len() - 5, "short past the end");
+    let g = got.lock().unwrap();
+    assert_bytes_eq(&g.0[5..], &body[5..], "streamed bytes");
+    assert!(
+        g.0[..5].iter().all(|&b| b == 0),
+        "nothing before the offset"
+    );
+    assert!(g.1[5..].iter().all(|&c| c == 1), "every byte exactly once");
+    drop(g);
+    // A sink that fails (a full disk, say) fails the read with its own error, and the other
+    // GETs stop: far fewer than the whole object's are asked for.
+    server.object.gets.store(0, Ordering::Relaxed);
+    server.object.delay_ms.store(20, Ordering::Relaxed);
+    let full = |at: u64, _: &[u8]| Err(Error::InvalidArgument(format!("no room at {at}")));
+    let err = f.read_to(0, body.len(), full).wait().unwrap_err();
+    assert!(err.to_string().contains("no room at"), "{err}");
+    std::thread::sleep(Duration::from_millis(100));
+    let gets = server.object.gets.load(Ordering::Relaxed);
+    assert!(gets < 32, "{gets} GETs after the sink failed");
+}
+
+#[test]
 fn a_replaced_object_is_an_error_naming_the_url() {
     let server = serve(data(1 << 20));
     let mut s = small_ranges();
