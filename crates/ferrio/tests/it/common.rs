@@ -93,6 +93,24 @@ impl LoopFs {
     pub fn mount_point(&self) -> PathBuf {
         self.dir.path().join("mnt")
     }
+
+    /// Fills the file system with a file named `filler` until about `left` bytes are free.
+    pub fn fill_up_to(&self, left: u64) {
+        use std::io::Write;
+        let mnt = self.mount_point();
+        let free = ferrio::sys::free_bytes(&mnt).unwrap();
+        let filler = fs::File::create(mnt.join("filler")).unwrap();
+        let chunk = vec![1u8; 1 << 20];
+        let mut todo = free.saturating_sub(left);
+        let mut w = std::io::BufWriter::new(&filler);
+        while todo > 0 {
+            let n = todo.min(chunk.len() as u64) as usize;
+            w.write_all(&chunk[..n]).unwrap();
+            todo -= n as u64;
+        }
+        drop(w);
+        filler.sync_all().unwrap();
+    }
 }
 
 impl Drop for LoopFs {

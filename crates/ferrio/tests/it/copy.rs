@@ -598,21 +598,7 @@ fn a_full_disk_is_a_clear_error_and_leaves_nothing_behind() {
     };
     let mnt = lfs.mount_point();
     let keep = make_file(&mnt, "keep", b"old content");
-    // Fill the file system up to about 2 MiB.
-    let free = ferrio::sys::free_bytes(&mnt).unwrap();
-    let filler = fs::File::create(mnt.join("filler")).unwrap();
-    let chunk = vec![1u8; 1 << 20];
-    let mut left = free.saturating_sub(2 << 20);
-    use std::io::Write;
-    let mut w = std::io::BufWriter::new(&filler);
-    while left > 0 {
-        let n = left.min(chunk.len() as u64) as usize;
-        w.write_all(&chunk[..n]).unwrap();
-        left -= n as u64;
-    }
-    drop(w);
-    filler.sync_all().unwrap();
-    drop(filler);
+    lfs.fill_up_to(2 << 20);
 
     let d = disk_dir();
     let src = make_file(d.path(), "big", &data(16 << 20, 11));

@@ -19,6 +19,7 @@ use ferrio::bounce::{PiecePool, PinnedBudget};
 use ferrio::cuda::DevicePtr;
 use ferrio::{CopyOptions, CopyProgress, Error, RemoteFile, RemoteWriter, Settings};
 
+use super::common::LoopFs;
 use crate::support::{assert_bytes_eq, poison};
 
 /// What the server serves and how it misbehaves.
@@ -462,6 +463,45 @@ fn copy_downloads_whole_or_leaves_nothing() {
     assert!(report.cancelled);
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
     assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_download_to_a_full_disk_is_a_clear_error_and_leaves_nothing() {
+    let lfs = match LoopFs::new(48) {
+        Ok(l) => l,
+        Err(why) => {
+            eprintln!("skipped: a loop file system: {why}");
+            return;
+        }
+    };
+    let mnt = lfs.mount_point();
+    lfs.fill_up_to(2 << 20);
+    let body = data(16 << 20);
+    let server = serve(body);
+    let options = CopyOptions::new().settings(small_ranges());
+    let dst = mnt.join("got.bin");
+    let report = ferrio::copy([&server.url], &dst, &options).unwrap();
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    let e = &report.errors[0].error;
+    assert_eq!(
+        e.os_error().and_then(|e| e.raw_os_error()),
+        Some(libc::ENOSPC),
+        "{e}"
+    );
+    assert_eq!(e.path(), Some(dst.as_path()), "names the destination: {e}");
+    let mut left: Vec<_> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .map(|d| d.unwrap().file_name())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        ["filler", "lost+found"],
+        "no partial file, no temporary one"
+    );
+    // The GETs stopped at the error: far fewer than the object's 256 ranges were asked for.
+    let gets = server.object.gets.load(Ordering::Relaxed);
+    assert!(gets < 128, "{gets} GETs");
 }
 
 #[test]
