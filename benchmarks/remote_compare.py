@@ -258,6 +258,8 @@ http {{
         location /open/ {{ alias {root}/; }}
         location /capped/ {{ alias {root}/; {capped} }}
         location /slow/ {{ alias {root}/; {slow} }}
+        location /up/ {{ client_max_body_size 0; client_body_buffer_size 64m; {upload} }}
+        location /upslow/ {{ client_max_body_size 0; client_body_buffer_size 64m; {upload_slow} }}
     }}
 }}
 """
@@ -277,6 +279,44 @@ PACE = """access_by_lua_block {
         end
     end
     ngx.sleep(delay + n / rate)
+}"""
+
+# An S3 stand-in that takes uploads under /up/BUCKET/KEY, and /upslow/ with the first-byte delay
+# (remote_upload.py), and keeps nothing:
+# CreateMultipartUpload, UploadPart, CompleteMultipartUpload, AbortMultipartUpload and PutObject,
+# unsigned or signed (signatures are not checked). Each request's body is read and dropped, the
+# request held until `length / rate` seconds after it began (a store takes each connection's
+# bytes at a fraction of the client's link), plus the delay before it answers.
+UPLOAD = """content_by_lua_block {
+    local prefix, rate, delay = "%s", %d, %f
+    ngx.update_time()
+    local began = ngx.now()
+    ngx.req.read_body()
+    local n = tonumber(ngx.var.content_length or "0") or 0
+    ngx.update_time()
+    local wait = delay + n / rate - (ngx.now() - began)
+    if wait > 0.001 then ngx.sleep(wait) end
+    local args, m = ngx.req.get_uri_args(), ngx.req.get_method()
+    local bucket, key = string.match(ngx.var.uri, "^/" .. prefix .. "/([^/]+)/(.*)$")
+    local xml = '<?xml version="1.0" encoding="UTF-8"?>'
+    ngx.header["Content-Type"] = "application/xml"
+    if m == "POST" and args.uploads ~= nil then
+        ngx.say(xml .. "<InitiateMultipartUploadResult><Bucket>" .. bucket .. "</Bucket><Key>"
+            .. key .. "</Key><UploadId>u" .. ngx.now() .. "</UploadId>"
+            .. "</InitiateMultipartUploadResult>")
+    elseif m == "POST" and args.uploadId ~= nil then
+        ngx.say(xml .. "<CompleteMultipartUploadResult><Bucket>" .. bucket .. "</Bucket><Key>"
+            .. key .. "</Key><ETag>&quot;done-1&quot;</ETag></CompleteMultipartUploadResult>")
+    elseif m == "PUT" then
+        -- No body: botocore takes any body of a 200 to a PUT for an error.
+        ngx.header["ETag"] = '"p' .. (args.partNumber or "0") .. '"'
+        ngx.header["Content-Length"] = "0"
+        ngx.exit(ngx.HTTP_OK)
+    elseif m == "DELETE" then
+        ngx.status = 204
+    else
+        ngx.status = 404
+    end
 }"""
 
 LUA_MODULES = [
@@ -342,6 +382,8 @@ def _nginx(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, str]]:
         root=root,
         capped=PACE % (size, rate, 0.0),
         slow=PACE % (size, rate, delay_ms / 1000),
+        upload=UPLOAD % ("up", rate, 0.0),
+        upload_slow=UPLOAD % ("upslow", rate, delay_ms / 1000),
     )
     (tmp / "nginx.conf").write_text(conf)
     proc = subprocess.Popen(
