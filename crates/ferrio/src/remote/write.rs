@@ -12,7 +12,7 @@
 //! Also the server-side copy of an object within one store ([`copy_in_store`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use object_store::path::Path;
@@ -90,6 +90,8 @@ pub struct RemoteWriter {
     concurrency: usize,
     /// Bytes not yet handed to a part.
     pending: Vec<u8>,
+    /// Buffers of parts that have gone, for the next parts ([`PartBuffers`]).
+    buffers: Arc<PartBuffers>,
     /// The multipart upload, started when the first part is full.
     upload: Option<Box<dyn MultipartUpload>>,
     /// What the destination held when the upload started (a `HEAD` sent alongside), to tell
@@ -177,6 +179,7 @@ impl RemoteWriter {
             parts_sent: 0,
             concurrency: settings.remote_concurrency.max(1),
             pending: Vec::new(),
+            buffers: Arc::default(),
             upload: None,
             found: None,
             parts: JoinSet::new(),
@@ -301,6 +304,9 @@ impl RemoteWriter {
         let mut rest = buf;
         while !rest.is_empty() {
             let part_size = self.part_size();
+            if self.pending.capacity() == 0 {
+                self.pending = self.buffers.take(part_size);
+            }
             let take = (part_size - self.pending.len()).min(rest.len());
             self.pending.extend_from_slice(&rest[..take]);
             rest = &rest[take..];
@@ -434,6 +440,11 @@ impl RemoteWriter {
             self.found = Some(self.handle.spawn(async move { store.head(&path).await }));
         }
         self.wait_for_parts(self.parts_in_flight() - 1)?;
+        let part = bytes::Bytes::from_owner(Recycled {
+            buf: part,
+            home: self.buffers.clone(),
+            most: self.parts_in_flight() + 1,
+        });
         if let Some(upload) = self.upload.as_mut() {
             let put = upload.put_part(PutPayload::from(part));
             self.parts.spawn_on(put, &self.handle);
@@ -845,6 +856,51 @@ impl PendingCopy<'_> {
     }
 }
 
+/// Part buffers that have come back: a part's buffer returns once the store's client has
+/// dropped the last copy of its payload (the part went up, or its retries ended), and the next
+/// part fills it. A fresh 8 MiB allocation is a fresh mapping, whose pages are faulted in again
+/// for every part.
+#[derive(Default)]
+struct PartBuffers(Mutex<Vec<Vec<u8>>>);
+
+impl PartBuffers {
+    /// An empty buffer that holds `len` bytes without growing: one that came back, or a new one.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match kept.iter().position(|b| b.capacity() >= len) {
+            Some(i) => {
+                let mut buf = kept.swap_remove(i);
+                buf.clear();
+                buf
+            }
+            None => Vec::with_capacity(len),
+        }
+    }
+}
+
+/// A part's bytes, handed to the store; its buffer goes back to `home` when dropped, unless
+/// `home` already keeps `most`.
+struct Recycled {
+    buf: Vec<u8>,
+    home: Arc<PartBuffers>,
+    most: usize,
+}
+
+impl AsRef<[u8]> for Recycled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Recycled {
+    fn drop(&mut self) {
+        let mut kept = self.home.0.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() < self.most {
+            kept.push(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -860,6 +916,7 @@ mod tests {
             parts_sent: 0,
             concurrency,
             pending: Vec::new(),
+            buffers: Arc::default(),
             upload: None,
             found: None,
             parts: JoinSet::new(),
@@ -904,6 +961,28 @@ mod tests {
             assert_eq!(w.close().unwrap(), n as u64);
             assert_eq!(read(&store).as_deref(), Some(&want[..]), "{n} bytes");
         }
+    }
+
+    #[test]
+    fn part_buffers_come_back_when_the_store_drops_them_and_serve_later_parts() {
+        const PART: usize = 1000;
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let mut w = writer(store.clone(), PART, 3);
+        let want = data(10 * PART);
+        w.write(&want).unwrap();
+        w.close().unwrap();
+        assert_eq!(read(&store).as_deref(), Some(&want[..]));
+        // The store dropped the parts when it joined them: their buffers came back, no more
+        // than the parts in flight and the one being filled.
+        let kept = || w.buffers.0.lock().unwrap().len();
+        let back = kept();
+        assert!((1..=w.parts_in_flight() + 1).contains(&back), "{back} kept");
+        // One that came back is handed out again, empty; a longer part gets a new one.
+        let again = w.buffers.take(PART);
+        assert!(again.is_empty() && again.capacity() >= PART);
+        assert_eq!(kept(), back - 1);
+        assert_eq!(w.buffers.take(100 * PART).capacity(), 100 * PART);
+        assert_eq!(kept(), back - 1);
     }
 
     #[test]
