@@ -33,6 +33,7 @@ mod stream;
 pub use buffer::DeviceBuffer;
 pub use context::{Context, ContextGuard};
 pub(crate) use driver::CUDA_ERROR_OUT_OF_MEMORY;
+pub(crate) use pointer::device_context;
 pub use pointer::{classify, try_classify, DevicePtr, Memory};
 pub(crate) use stream::{hold_stream, Latch};
 pub use stream::{Event, Stream};

@@ -44,6 +44,20 @@ pub enum Memory {
     },
 }
 
+/// The context of device memory at `ptr`, for a transfer between it and a file or an object:
+/// [`Error::CudaUnavailable`] without a driver, and [`Error::InvalidArgument`] naming the
+/// address when it is not device memory (`host_calls` says what to use for host memory instead).
+pub(crate) fn device_context(ptr: DevicePtr, host_calls: &str) -> Result<Context> {
+    super::available()?;
+    match try_classify(ptr.0 as usize)? {
+        Memory::Device { context, .. } => Ok(context),
+        Memory::Host => Err(Error::InvalidArgument(format!(
+            "address {:#x} is not GPU memory ({host_calls})",
+            ptr.0
+        ))),
+    }
+}
+
 /// Where `addr` points: [`Memory::Host`] unless the driver knows it as device or managed memory.
 ///
 /// Loads the driver on first use (see [`available`](super::available)), so call it only for

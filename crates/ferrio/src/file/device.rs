@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::File;
 use crate::bounce;
-use crate::cuda::{self, DevicePtr, Memory};
+use crate::cuda::{self, DevicePtr};
 use crate::error::{Error, Op, Result};
 use crate::plan::{self, Task};
 use crate::pool::{Completion, Direction, Request, Worker};
@@ -37,16 +37,7 @@ impl File {
             // and a machine without CUDA can still do nothing.
             return Ok(Completion::new(offset, 0, 0));
         }
-        cuda::available()?;
-        let context = match cuda::try_classify(ptr.0 as usize)? {
-            Memory::Device { context, .. } => context,
-            Memory::Host => {
-                return Err(Error::InvalidArgument(format!(
-                    "address {:#x} is not GPU memory (use the host-memory calls for it)",
-                    ptr.0
-                )))
-            }
-        };
+        let context = cuda::device_context(ptr, "use the host-memory calls for it")?;
         if ptr.checked_add(len).is_none() {
             return Err(Error::InvalidArgument("device range wraps around".into()));
         }

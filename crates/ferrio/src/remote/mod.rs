@@ -12,9 +12,10 @@
 //! the outcome. For GPU memory each body fills pinned pieces of the context's `PiecePool`
 //! (`bounce/pieces.rs`) instead, one after another, and one thread copies each piece to its
 //! place in device memory as soon as it is full, in any order, then gives it back once that
-//! copy has completed: the
-//! bytes are copied on the host once, from the body into pinned memory, as for a host read (the
-//! pool and its copies live in `bounce/`, which knows no source). The object's size and version
+//! copy has completed: the bytes are copied on the host once, from the body into pinned memory,
+//! as for a host read (the pool and its copies live in `bounce/`, which knows no source). A
+//! streamed read ([`RemoteFile::read_to`]) hands each piece of each body to a sink instead: how
+//! a body lands is `fetch.rs`'s `Landing`. The object's size and version
 //! (ETag, version id, or where a server gives no ETag its Last-Modified time) are fixed at open
 //! and every range is conditional on them (`fetch.rs`).
 //!
@@ -39,7 +40,7 @@ use tokio::sync::Semaphore;
 use crate::bounce::{self, CopyEngine, Piece, PieceCopies, PiecePool};
 use crate::buffer::IoBufMut;
 use crate::config::Settings;
-use crate::cuda::{self, DevicePtr, Memory};
+use crate::cuda::{self, DevicePtr};
 use crate::error::{Error, Result};
 use crate::plan::{self, Task};
 use crate::pool::{Completion, IoFuture};
@@ -496,16 +497,7 @@ impl RemoteFile {
         offset: u64,
     ) -> Result<Arc<Completion>> {
         let pool = || {
-            cuda::available()?;
-            let context = match cuda::try_classify(dst.0 as usize)? {
-                Memory::Device { context, .. } => context,
-                Memory::Host => {
-                    return Err(Error::InvalidArgument(format!(
-                        "address {:#x} is not GPU memory (use the host-memory calls for it)",
-                        dst.0
-                    )))
-                }
-            };
+            let context = cuda::device_context(dst, "use the host-memory calls for it")?;
             let settings = &self.inner.settings;
             // Pieces of the shortest range, whatever this read's length: the context's pool serves
             // every read, and a longer range fills several.

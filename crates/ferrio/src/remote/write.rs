@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 
 use crate::bounce::{BounceRing, CopyEngine, CudaEngine, PinnedBudget};
 use crate::config::Settings;
-use crate::cuda::{self, DevicePtr, Memory};
+use crate::cuda::{self, DevicePtr};
 use crate::error::{Error, Op, Result};
 
 use super::{runtime, store};
@@ -339,16 +339,7 @@ impl RemoteWriter {
         if len == 0 {
             return Ok(0);
         }
-        cuda::available()?;
-        let context = match cuda::try_classify(src.0 as usize)? {
-            Memory::Device { context, .. } => context,
-            Memory::Host => {
-                return Err(Error::InvalidArgument(format!(
-                    "address {:#x} is not GPU memory (use write for host memory)",
-                    src.0
-                )))
-            }
-        };
+        let context = cuda::device_context(src, "use write for host memory")?;
         if src.checked_add(len).is_none() {
             return Err(Error::InvalidArgument("device range wraps around".into()));
         }
