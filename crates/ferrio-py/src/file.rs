@@ -185,15 +185,11 @@ pub(crate) fn open(
             )));
         }
         // A remote read's tasks are its ranged GETs.
-        let remote = crate::remote::open_remote(
-            py,
-            url,
-            mode,
-            [
-                ("remote_range_size", task_size),
-                ("remote_concurrency", None),
-            ],
-        )?;
+        let options = crate::remote::ObjectOptions {
+            range_size: task_size,
+            concurrency: None,
+        };
+        let remote = crate::remote::open_remote(py, url, mode, options)?;
         return Ok(remote);
     }
     let path = crate::paths::fs_path(path)?;

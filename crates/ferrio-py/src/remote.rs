@@ -86,7 +86,7 @@ pub(crate) fn open_remote(
     py: Python<'_>,
     url: &str,
     mode: &str,
-    options: [(&str, Option<SettingText>); 2],
+    options: ObjectOptions,
 ) -> PyResult<Py<PyAny>> {
     let writing = match mode {
         "r" | "rb" => false,
@@ -98,7 +98,7 @@ pub(crate) fn open_remote(
             )))
         }
     };
-    let settings = settings_with(options)?;
+    let settings = options.settings()?;
     if writing {
         let writer = ferrio::RemoteWriter::create_with(url, settings).map_err(to_pyerr)?;
         let writer = RemoteWriter {
@@ -110,21 +110,32 @@ pub(crate) fn open_remote(
     Ok(Py::new(py, open_reader(py, url, settings)?)?.into_any())
 }
 
-/// The settings in force with the per-object options given. A range size given for one object
-/// is the size of each of its GETs, as its name says (not the shortest of guided ranges).
-fn settings_with(options: [(&str, Option<SettingText>); 2]) -> PyResult<Settings> {
-    let mut settings = Settings::current();
-    for (name, value) in options {
-        if let Some(SettingText(text)) = value {
-            settings.set(name, &text).map_err(to_pyerr)?;
-            if name == "remote_range_size" {
-                settings
-                    .set("remote_max_range_size", &text)
-                    .map_err(to_pyerr)?;
+/// What one object is opened with besides the settings in force: `range_size=` and
+/// `concurrency=` of `ferrio.open_url` (`task_size=` of `ferrio.open`).
+pub(crate) struct ObjectOptions {
+    /// Bytes of each GET (and of each part of an upload).
+    pub(crate) range_size: Option<SettingText>,
+    /// GETs (or parts) in flight.
+    pub(crate) concurrency: Option<SettingText>,
+}
+
+impl ObjectOptions {
+    /// The settings in force with these options. A range size given for one object is the size
+    /// of each of its GETs, as its name says: the shortest and the longest of the guided ranges.
+    fn settings(&self) -> PyResult<Settings> {
+        let mut settings = Settings::current();
+        let given = [
+            ("remote_range_size", &self.range_size),
+            ("remote_max_range_size", &self.range_size),
+            ("remote_concurrency", &self.concurrency),
+        ];
+        for (name, value) in given {
+            if let Some(SettingText(text)) = value {
+                settings.set(name, text).map_err(to_pyerr)?;
             }
         }
+        Ok(settings)
     }
-    Ok(settings)
 }
 
 fn open_reader(py: Python<'_>, url: &str, settings: Settings) -> PyResult<RemoteFile> {
@@ -156,15 +167,11 @@ pub(crate) fn open_url(
     range_size: Option<SettingText>,
     concurrency: Option<SettingText>,
 ) -> PyResult<Py<PyAny>> {
-    open_remote(
-        py,
-        url,
-        mode,
-        [
-            ("remote_range_size", range_size),
-            ("remote_concurrency", concurrency),
-        ],
-    )
+    let options = ObjectOptions {
+        range_size,
+        concurrency,
+    };
+    open_remote(py, url, mode, options)
 }
 
 /// Whether `path` is a URL that `open` reads from remote storage.
@@ -192,10 +199,11 @@ impl RemoteFile {
                  not {mode:?}: {url}"
             )));
         }
-        let settings = settings_with([
-            ("remote_range_size", range_size),
-            ("remote_concurrency", concurrency),
-        ])?;
+        let settings = ObjectOptions {
+            range_size,
+            concurrency,
+        }
+        .settings()?;
         open_reader(py, url, settings)
     }
 
