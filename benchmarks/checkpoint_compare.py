@@ -7,7 +7,8 @@ process: warm (the files read once before, so they are in the page cache) and co
 dropped through /proc/sys/vm/drop_caches, needs root; skipped otherwise). The child creates its
 CUDA context first (torch.cuda.init() and a tiny allocation), then times from just before the
 load call to after torch.cuda.synchronize(), and reports torch.cuda.max_memory_allocated().
-A loader whose import fails is reported as missing.
+A loader whose import fails is reported as missing. Cold rows also say what the disk saw
+(/proc/diskstats): the mean request size, requests in flight while busy, and time per request.
 
     python3 benchmarks/checkpoint_compare.py --dir /data/ckpt --rounds 3 [--json]
 """
@@ -148,29 +149,46 @@ def drop_caches() -> bool:
         return False
 
 
-# name -> (block size, iodepth, jobs). With several jobs each reads its own contiguous stripe
-# of the file (a 1/jobs share, one after the other), as fastsafetensors' 16 threads do.
+# name -> (block size, iodepth, jobs, direct, layout). With several jobs, "stripes": each job
+# reads its own contiguous 1/jobs share of the file in order; "interleaved": job j reads blocks
+# j, j + jobs, j + 2 x jobs, ..., so together they read the file front to back from as many
+# threads (as a reader that hands out consecutive blocks to a thread pool does).
+# fastsafetensors 0.5.0 reads with O_DIRECT from 16 threads, 16 MiB at a time.
 FIO_SHAPES = {
-    "fio O_DIRECT bs 1 MiB iodepth 32": ("1M", 32, 1),
-    "fio O_DIRECT bs 16 MiB iodepth 8": ("16M", 8, 1),
-    "fio O_DIRECT bs 16 MiB iodepth 16": ("16M", 16, 1),
-    "fio O_DIRECT bs 16 MiB, 16 jobs of one stripe each": ("16M", 1, 16),
+    "fio O_DIRECT bs 1 MiB iodepth 32": ("1M", 32, 1, True, ""),
+    "fio O_DIRECT bs 16 MiB iodepth 8": ("16M", 8, 1, True, ""),
+    "fio O_DIRECT bs 16 MiB iodepth 16": ("16M", 16, 1, True, ""),
+    "fio O_DIRECT bs 16 MiB, 16 jobs of one stripe each": ("16M", 1, 16, True, "stripes"),
+    "fio buffered bs 16 MiB, 16 jobs of one stripe each": ("16M", 1, 16, False, "stripes"),
+    "fio O_DIRECT bs 16 MiB, 16 jobs interleaved": ("16M", 1, 16, True, "interleaved"),
 }
 
 
 def run_fio(fio: str, shape: str, files: list[str]) -> dict:
-    """The disk's yardstick on the checkpoint's own files: fio io_uring O_DIRECT reading every
-    file once (cold), timed like a loader (seconds for all file bytes)."""
-    bs, depth, jobs = FIO_SHAPES[shape]
-    cmd = [fio, "--name=ckpt", f"--filename={':'.join(files)}", "--rw=read", f"--bs={bs}",
-           f"--iodepth={depth}", "--ioengine=io_uring", "--direct=1", f"--numjobs={jobs}",
-           "--group_reporting", "--readonly", "--output-format=json"]  # fmt: skip
+    """The disk's yardstick on the checkpoint's own files: fio io_uring reading every file once
+    (cold), timed like a loader (seconds for all file bytes)."""
+    bs, depth, jobs, direct, layout = FIO_SHAPES[shape]
+    cmd = [fio, "--name=ckpt", f"--filename={':'.join(files)}", f"--bs={bs}",
+           f"--iodepth={depth}", "--ioengine=io_uring", f"--direct={int(direct)}",
+           f"--numjobs={jobs}", "--group_reporting", "--readonly",
+           "--output-format=json"]  # fmt: skip
+    block = 16 << 20
     if jobs > 1:
         if len(files) > 1:
-            return {"error": "the striped shape reads one file"}
-        # Rounded down: a stripe past the end would make fio lay the file out anew (a write).
-        stripe = os.path.getsize(files[0]) // jobs // (16 << 20) * (16 << 20)
-        cmd += [f"--size={stripe}", f"--offset_increment={stripe}"]
+            return {"error": "the several-job shapes read one file"}
+        # Rounded down: a region past the end would make fio lay the file out anew (a write).
+        size = os.path.getsize(files[0])
+        if layout == "stripes":
+            stripe = size // jobs // block * block
+            cmd += ["--rw=read", f"--size={stripe}", f"--offset_increment={stripe}"]
+        else:
+            # Job j starts at block j and skips the other jobs' blocks after each of its own.
+            region = (size - (jobs - 1) * block) // block * block
+            per_job = region // jobs // block * block
+            cmd += [f"--rw=read:{(jobs - 1) * block}", f"--size={region}",
+                    f"--io_size={per_job}", f"--offset_increment={block}"]  # fmt: skip
+    else:
+        cmd.append("--rw=read")
     t = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     secs = time.perf_counter() - t
@@ -178,10 +196,40 @@ def run_fio(fio: str, shape: str, files: list[str]) -> dict:
         return {"error": (out.stderr.strip().splitlines() or ["fio failed"])[-1]}
     job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]["read"]
     # fio's own clock (runtime in ms) leaves out its start-up; the loaders' clocks start late too.
-    # Striped jobs leave less than a block per stripe unread: their rate is scaled to the file.
+    # Several-job shapes leave less than a block per job unread: their rate is scaled to the file.
     seconds = job["runtime"] / 1000 or secs
     return {"seconds": seconds * sum(map(os.path.getsize, files)) / job["io_bytes"],
             "peak_gpu_bytes": 0}  # fmt: skip
+
+
+def disk_counters(path: str) -> list[int] | None:
+    """/proc/diskstats' read counters of the block device holding `path`: reads completed,
+    sectors read, ms spent reading, ms busy, weighted ms in queue (None where unknown)."""
+    dev = os.stat(path).st_dev
+    want = f"{os.major(dev)} {os.minor(dev)}"
+    try:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                fields = line.split()
+                if f"{fields[0]} {fields[1]}" == want:
+                    return [int(fields[i]) for i in (3, 5, 6, 12, 13)]
+    except OSError:
+        pass
+    return None
+
+
+def disk_shape(before: list[int] | None, after: list[int] | None) -> dict:
+    """What the disk saw between two disk_counters(): the mean request size and the mean number
+    of requests in flight while it was busy (so a loader's I/O shape can be told from its
+    rate)."""
+    if not before or not after:
+        return {}
+    reads, sectors, read_ms, busy_ms, queue_ms = (a - b for a, b in zip(after, before, strict=True))
+    if not reads or not busy_ms:
+        return {}
+    return {"request_kib": round(sectors * 512 / reads / 1024),
+            "in_flight": round(queue_ms / busy_ms, 1),
+            "latency_ms": round(read_ms / reads, 2)}  # fmt: skip
 
 
 def run_child(loader: str, device: str, files: list[str]) -> dict:
@@ -223,18 +271,28 @@ def main() -> None:
     ap.add_argument(
         "--cold-loaders", help="loaders for the cold rows (default: --loaders; 'none': no rows)"
     )
-    ap.add_argument("--fio", help="a fio binary: adds its two O_DIRECT shapes to the cold rows")
+    ap.add_argument("--fio", help="a fio binary: adds its shapes (FIO_SHAPES) to the cold rows")
+    ap.add_argument("--fio-shapes", help="which of FIO_SHAPES, as 1-based numbers (e.g. 3,4,5)")
+    ap.add_argument(
+        "--reread",
+        action="store_true",
+        help="after each cold ferrio load, the same load again in a new process "
+        "with what it left in the page cache ('cold, read again' rows)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--checkpoints", choices=["both", "single", "4"], default="both",
                     help="which checkpoints: both, the single file, or the 4 shards")  # fmt: skip
     args = ap.parse_args()
+    fio_shapes = list(FIO_SHAPES)
+    if args.fio_shapes:
+        fio_shapes = [fio_shapes[int(i) - 1] for i in args.fio_shapes.split(",")]
     # "none" leaves a mode's rows out (e.g. `--cold-loaders none` for a warm-only run).
     cold = [] if args.cold_loaders == "none" else (args.cold_loaders or args.loaders).split(",")
     by_mode = {
         "warm": []
         if args.warm_loaders == "none"
         else (args.warm_loaders or args.loaders).split(","),
-        "cold": cold + (list(FIO_SHAPES) if args.fio and cold else []),
+        "cold": cold + (fio_shapes if args.fio and cold else []),
     }
     ckpts = make_checkpoints(args.dir, args.checkpoints)
     results: dict[str, dict] = {}
@@ -252,17 +310,26 @@ def main() -> None:
                         warm(files)
                     else:
                         drop_caches()
+                    before = disk_counters(files[0])
                     if loader in FIO_SHAPES:
                         res = run_fio(args.fio, loader, files)
                     else:
                         res = run_child(loader, args.device, files)
-                    key = f"{ckpt} | {mode} | {loader}"
-                    entry = results.setdefault(key, {"runs": [], "file_bytes": total})
-                    entry["runs"].append(res)
-                    # One line per load as it happens, so a run cut short still tells something.
-                    rate = total / res["seconds"] / GIB if "seconds" in res else None
-                    print(f"# {key} round {r}: {rate and round(rate, 2)} GiB/s {res}",
-                          file=sys.stderr, flush=True)  # fmt: skip
+                    if mode == "cold":
+                        res["disk"] = disk_shape(before, disk_counters(files[0]))
+                    loads = [(f"{ckpt} | {mode} | {loader}", res)]
+                    if mode == "cold" and args.reread and loader.startswith("ferrio"):
+                        # What the cold load left in the page cache, read by a new process.
+                        loads.append((f"{ckpt} | cold, read again | {loader}",
+                                      run_child(loader, args.device, files)))  # fmt: skip
+                    for key, res in loads:
+                        entry = results.setdefault(key, {"runs": [], "file_bytes": total})
+                        entry["runs"].append(res)
+                        # One line per load as it happens, so a run cut short still tells
+                        # something.
+                        rate = total / res["seconds"] / GIB if "seconds" in res else None
+                        print(f"# {key} round {r}: {rate and round(rate, 2)} GiB/s {res}",
+                              file=sys.stderr, flush=True)  # fmt: skip
     summary = {}
     for key, entry in results.items():
         ok = [r for r in entry["runs"] if "seconds" in r]
@@ -278,6 +345,9 @@ def main() -> None:
             "peak_gpu_gib": max(r["peak_gpu_bytes"] for r in ok) / GIB,
             "rounds": len(ok),
         }
+        shapes = [r["disk"] for r in ok if r.get("disk")]
+        if shapes:
+            summary[key]["disk"] = {k: statistics.median(d[k] for d in shapes) for k in shapes[0]}
     if args.json:
         print(json.dumps({"time": time.time(), "results": summary}, indent=1))
         return
@@ -285,7 +355,10 @@ def main() -> None:
     for key, s in summary.items():
         if "median_seconds" in s:
             sec, rate, peak = s["median_seconds"], s["gib_per_s"], s["peak_gpu_gib"]
-            print(f"{key:<48} {sec:>9.2f} {rate:>7.2f} {peak:>9.2f}")
+            disk = s.get("disk")
+            shape = (f"  disk: {disk['request_kib']:.0f} KiB requests, {disk['in_flight']:.1f} "
+                     f"in flight, {disk['latency_ms']:.2f} ms each" if disk else "")  # fmt: skip
+            print(f"{key:<48} {sec:>9.2f} {rate:>7.2f} {peak:>9.2f}{shape}")
         else:
             print(f"{key:<48} {s['status']}: {s['detail']}")
 

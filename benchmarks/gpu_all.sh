@@ -107,7 +107,8 @@ step checkpoint-compare
 timeout "${CKPT_TIMEOUT:-420}" python3 benchmarks/checkpoint_compare.py --dir /root/ferrio-ckpt \
   --rounds "${CKPT_ROUNDS:-2}" --checkpoints "${CKPT_WHICH:-both}" \
   ${CKPT_LOADERS:+--loaders "$CKPT_LOADERS"} ${CKPT_WARM:+--warm-loaders "$CKPT_WARM"} \
-  ${CKPT_COLD:+--cold-loaders "$CKPT_COLD"} --fio "$ROOT/.carry/bin/fio" >"$LOGS/checkpoint_compare.log" 2>&1
+  ${CKPT_COLD:+--cold-loaders "$CKPT_COLD"} ${CKPT_FIO_SHAPES:+--fio-shapes "$CKPT_FIO_SHAPES"} \
+  ${CKPT_REREAD:+--reread} --fio "$ROOT/.carry/bin/fio" >"$LOGS/checkpoint_compare.log" 2>&1
 cat "$LOGS/checkpoint_compare.log" | tail -30 | tee -a "$S"
 fi
 
