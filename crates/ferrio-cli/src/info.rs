@@ -146,6 +146,7 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
                 json!({
                     "name": d.name, "kind": d.kind.as_str(), "dev": d.dev.map(|d| d.to_string()),
                     "logical_block_size": d.logical_block_size, "physical_block_size": d.physical_block_size,
+                    "read_ahead_bytes": d.read_ahead,
                 })
             })
             .collect();

@@ -144,6 +144,10 @@ pub struct Disk {
     pub logical_block_size: Option<u64>,
     /// `queue/physical_block_size` in bytes: writes smaller than this are read-modify-write.
     pub physical_block_size: Option<u64>,
+    /// `queue/read_ahead_kb` in bytes: the kernel's readahead window for each sequential reader
+    /// of a file on this disk, which sets how many requests a read through the page cache
+    /// keeps in flight.
+    pub read_ahead: Option<u64>,
     /// For a loop device, the file behind it (`loop/backing_file`).
     pub backing_file: Option<PathBuf>,
     /// The disk's directory in sysfs (canonical).
@@ -171,6 +175,9 @@ impl fmt::Display for Disk {
             if let Some(physical) = self.physical_block_size.filter(|&p| p != logical) {
                 write!(f, ", {physical} B physical")?;
             }
+        }
+        if let Some(window) = self.read_ahead {
+            write!(f, ", readahead {}", crate::config::format_size(window))?;
         }
         f.write_str(")")
     }

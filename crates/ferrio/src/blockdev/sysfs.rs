@@ -171,6 +171,9 @@ fn read_disk(dir: &Path, name: String, dev: Option<DevId>) -> Disk {
             .and_then(|s| s.parse().ok()),
         physical_block_size: read_attr(&dir.join("queue/physical_block_size"))
             .and_then(|s| s.parse().ok()),
+        read_ahead: read_attr(&dir.join("queue/read_ahead_kb"))
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(|kib| kib << 10),
         backing_file,
         sysfs_path: dir.to_path_buf(),
         name,

@@ -42,7 +42,7 @@ fn display_of_a_loop_chain() {
     assert_eq!(
         chain.to_string(),
         "file /mnt/d0/x → ext4 on loop3 (mount /mnt/d0) → disk loop3 (loop of /img/d0.img, \
-         512 B logical) → pool loop3"
+         512 B logical, readahead 8.00 MiB) → pool loop3"
     );
 }
 
@@ -66,8 +66,8 @@ fn display_of_lvm_over_md_and_of_no_block_device() {
     assert_eq!(
         chain.to_string(),
         "file /data/f → xfs on dm-1 (mount /data) → md0 (raid0) → partition nvme0n1p1, \
-         partition nvme1n1p1 → disks nvme0n1 (nvme on nvme0, 512 B logical), nvme1n1 (nvme on \
-         nvme1, 512 B logical) → pool nvme0+nvme1"
+         partition nvme1n1p1 → disks nvme0n1 (nvme on nvme0, 512 B logical, readahead 8.00 MiB), \
+         nvme1n1 (nvme on nvme1, 512 B logical, readahead 8.00 MiB) → pool nvme0+nvme1"
     );
 
     let tmp = DeviceChain {

@@ -87,6 +87,7 @@ impl FakeSysfs {
             &format!("{rel}/queue/physical_block_size"),
             &format!("{physical}\n"),
         );
+        self.write(&format!("{rel}/queue/read_ahead_kb"), "8192\n");
         let name = rel.rsplit('/').next().unwrap_or(rel);
         symlink(
             format!("../devices/{rel}"),

@@ -26,6 +26,11 @@ fn partition_resolves_to_its_whole_disk() {
     assert_eq!(sda.dev, Some(DevId::new(8, 0)));
     assert_eq!(sda.logical_block_size, Some(512));
     assert_eq!(sda.physical_block_size, Some(4096));
+    assert_eq!(
+        sda.read_ahead,
+        Some(8 << 20),
+        "queue/read_ahead_kb, in bytes"
+    );
     assert_eq!(sda.controller, None);
     assert_eq!(stack.pool.to_string(), "sda");
     assert_eq!(stack.pool.disk_count(), 1);
@@ -229,7 +234,7 @@ fn virtio_disk_is_not_taken_for_a_rotating_one() {
     assert_eq!(stack.disks[0].kind, DiskKind::Virtio);
     assert_eq!(
         stack.disks[0].to_string(),
-        "vda (virtio, 512 B logical, 4096 B physical)"
+        "vda (virtio, 512 B logical, 4096 B physical, readahead 8.00 MiB)"
     );
 }
 
