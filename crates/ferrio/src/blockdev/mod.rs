@@ -145,8 +145,9 @@ pub struct Disk {
     /// `queue/physical_block_size` in bytes: writes smaller than this are read-modify-write.
     pub physical_block_size: Option<u64>,
     /// `queue/read_ahead_kb` in bytes: the kernel's readahead window for each sequential reader
-    /// of a file on this disk, which sets how many requests a read through the page cache
-    /// keeps in flight.
+    /// of a file whose file system sits on this disk or one of its partitions, which sets how
+    /// many requests a read through the page cache keeps in flight. (Under LVM, md or another
+    /// stacked device, the top device's own window applies instead.)
     pub read_ahead: Option<u64>,
     /// For a loop device, the file behind it (`loop/backing_file`).
     pub backing_file: Option<PathBuf>,
