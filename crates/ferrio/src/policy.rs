@@ -265,7 +265,7 @@ pub(crate) struct FillShape {
 pub(crate) const FILL_TASK_BYTES: u64 = 64 << 20;
 
 /// The shape of a read of `[offset, offset+len)` when it fills the page cache: a kept file
-/// (not forced to `O_DIRECT`) whose range is cold and at least one fill task long. `None`: plan
+/// (not forced to `O_DIRECT`) whose range is mostly cold and at least one fill task long. `None`: plan
 /// the read as usual (many tasks in parallel: hot data is a memory copy and scales with threads).
 pub(crate) fn fill_shape(
     direct_mode: DirectMode,
@@ -278,7 +278,13 @@ pub(crate) fn fill_shape(
     if !decision.keeps() || direct_mode == DirectMode::On || len < FILL_TASK_BYTES {
         return None;
     }
-    (direct::probe(fd, offset, len) == Probe::Cold).then_some(FillShape {
+    // Mostly cold counts: reading a checkpoint's header brings the first pages of its data
+    // into the cache (readahead), and its tensors are no less cold for that.
+    matches!(
+        coldness(fd, offset, len),
+        Coldness::Cold | Coldness::MostlyCold
+    )
+    .then_some(FillShape {
         task_bytes: FILL_TASK_BYTES,
         in_flight: in_flight.max(1),
     })
@@ -555,6 +561,19 @@ mod tests {
         );
         assert_eq!(
             fill_shape(DirectMode::Off, &keep, fd, 0, len, 3),
+            Some(shape)
+        );
+        // A range whose first pages are cached (a header read just before it) is still filled.
+        let mut head = [0u8; 4096];
+        std::os::unix::fs::FileExt::read_exact_at(
+            &std::fs::File::open(&path).unwrap(),
+            &mut head,
+            0,
+        )
+        .unwrap();
+        assert_ne!(direct::probe(fd, 0, len), Probe::Cold);
+        assert_eq!(
+            fill_shape(DirectMode::Auto, &keep, fd, 0, len, 3),
             Some(shape)
         );
         // Not for a file that bypasses, a forced O_DIRECT, or a read shorter than one task.
