@@ -123,6 +123,20 @@ named_values! {
     }
 }
 
+named_values! {
+    /// How a cold read that keeps the file asks the disk for it (see `fill_in_flight`).
+    pub enum FillReads, forms "readahead|populate" {
+        /// Plain buffered reads: the kernel's readahead decides how much is in flight (up to a
+        /// window or two of the disk's `read_ahead_kb` per task).
+        Readahead = "readahead",
+        /// Each task has the kernel read the next 2 MiB block into the page cache
+        /// (`MADV_POPULATE_READ` on a huge-page mapping) before copying it out, so exactly one
+        /// read per task is in flight and the cache holds huge folios. Where the kernel cannot,
+        /// as `Readahead`.
+        Populate = "populate",
+    }
+}
+
 /// All of ferrio's knobs. Construct with [`Settings::default`], [`Settings::from_env`] or
 /// [`Settings::current`], change fields directly or by name with [`Settings::set`].
 ///
@@ -154,6 +168,8 @@ pub struct Settings {
     /// Tasks in flight per request when a cold read fills the page cache (the fill shape's
     /// large tasks, see `cache`).
     pub fill_in_flight: usize,
+    /// How those tasks read: through the kernel's readahead or block by block.
+    pub fill_reads: FillReads,
     /// Pinned bounce buffers per worker (the ring's depth).
     pub bounce_buffers: usize,
     /// Cap on pinned host memory held by all bounce rings and by the pinned pieces of remote
@@ -195,6 +211,7 @@ impl Default for Settings {
             bounce_buffer_size: 0,
             bounce_buffers: 0,
             fill_in_flight: 0,
+            fill_reads: FillReads::Readahead,
             pinned_limit: 0,
             pinned_memory: PinnedMemory::Driver,
             remote_range_size: 0,
@@ -329,10 +346,24 @@ pub const SETTINGS: &[SettingInfo] = &[
         unit: "tasks",
         default: "2",
         doc: "64 MiB tasks in flight per request when a cold read fills the page cache \
-              (few large sequential reads leave large folios, which read back fast)",
+              (under fill_reads=populate, the reads in flight on the disk)",
         get: |s| s.fill_in_flight.to_string(),
         set: |s, v| {
             s.fill_in_flight = count(v, 1, "at least 1 task")?;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "fill_reads",
+        env: "FERRIO_FILL_READS",
+        unit: "readahead/populate",
+        default: "readahead",
+        doc: "how the tasks of a cold read that fills the page cache read: readahead = buffered \
+              reads, the kernel's readahead sets the depth; populate = one 2 MiB block per task \
+              at a time, read into huge folios",
+        get: |s| s.fill_reads.to_string(),
+        set: |s, v| {
+            s.fill_reads = v.parse().map_err(|_| FillReads::FORMS)?;
             Ok(())
         },
     },
@@ -856,6 +887,11 @@ mod tests {
         let e = s.set("direct_read", "maybe").unwrap_err().to_string();
         assert!(
             e.contains("direct_read") && e.contains("off|on|auto"),
+            "{e}"
+        );
+        let e = s.set("FERRIO_FILL_READS", "mmap").unwrap_err().to_string();
+        assert!(
+            e.contains("FERRIO_FILL_READS") && e.contains("readahead|populate"),
             "{e}"
         );
         let e = s.set("no_such_knob", "1").unwrap_err().to_string();

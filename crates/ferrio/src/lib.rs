@@ -46,7 +46,7 @@ pub mod safetensors;
 pub mod topology;
 
 pub use buffer::{AlignedBuf, IoBuf, IoBufMut};
-pub use config::{CacheMode, DirectMode, PinnedMemory, Settings};
+pub use config::{CacheMode, DirectMode, FillReads, PinnedMemory, Settings};
 pub use copy::{copy, CopyError, CopyMethod, CopyOptions, CopyProgress, CopyReport, DeviceTraffic};
 pub use direct::DirectSupport;
 pub use error::{Error, Op, Result};

@@ -74,6 +74,7 @@ impl File {
         }
         bounce::trace::record("request", bounce::trace::start(), len as u64);
         let file = self.clone();
+        let filling = fill.is_some();
         let run = Box::new(move |w: &mut Worker, t: &Task| {
             // On a machine with several NUMA nodes, fill the GPU's ring from its node's CPUs.
             crate::topology::follow_gpu(context);
@@ -92,7 +93,7 @@ impl File {
                     &mut |buf, off| {
                         let chunk = Task::at_buffer_start(off, buf.len());
                         // SAFETY: `buf` is the ring's pinned buffer, valid for `buf.len()` bytes.
-                        unsafe { file.read_task(w, buf.as_mut_ptr(), &chunk) }
+                        unsafe { file.read_task_of(filling, w, buf.as_mut_ptr(), &chunk) }
                     },
                 );
                 w.leave_running(

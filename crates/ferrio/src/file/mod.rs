@@ -15,7 +15,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::buffer::{IoBuf, IoBufMut};
 use crate::config::{CacheMode, DirectMode, Settings};
@@ -172,6 +172,9 @@ struct Inner {
     cache: CacheDecision,
     /// The settings at open (thread cap, bounce-ring sizes).
     settings: Settings,
+    /// The mapping that block-by-block cache fills go through (`fill_reads=populate`), made at
+    /// the first such fill; `None` where the kernel cannot make one.
+    populate: OnceLock<Option<sys::PopulateMap>>,
 }
 
 /// Where the appends of a file opened in mode `a` or `a+` go: at the end of the file as it is
@@ -288,6 +291,7 @@ impl File {
                 assumed_write_probe: assumed.write_probe,
                 cache,
                 settings: settings.clone(),
+                populate: OnceLock::new(),
             }),
             choices,
         })

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Addr, File};
+use crate::config::FillReads;
 use crate::error::{Op, Result};
 use crate::plan::{self, Task};
 use crate::policy::{self, ReadPath};
@@ -32,18 +33,69 @@ impl File {
         };
         let file = self.clone();
         let base = Addr(ptr as usize);
+        let filling = fill.is_some();
         let run = Box::new(move |w: &mut Worker, t: &Task| {
             crate::topology::leave_gpu();
             let dst = (base.0 + t.buf_offset) as *mut u8;
             // SAFETY: the task's slice of the request's buffer lies inside `ptr..ptr+len`, which
             // the caller keeps valid and unaliased until the future is done; tasks never overlap.
-            unsafe { file.read_task(w, dst, t) }
+            unsafe { file.read_task_of(filling, w, dst, t) }
         });
         let mut request = self.request(tasks, offset, len, Direction::Read, run);
         if let Some(shape) = fill {
             request.max_active = shape.in_flight;
         }
         Ok(self.queue(request))
+    }
+
+    /// Reads one task into `dst`: one of a read that fills the page cache (`filling`, planned
+    /// by [`File::fill_shape`]) as `fill_reads` says, any other as [`File::read_task`].
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `t.len` bytes.
+    pub(super) unsafe fn read_task_of(
+        &self,
+        filling: bool,
+        w: &mut Worker,
+        dst: *mut u8,
+        t: &Task,
+    ) -> Result<usize> {
+        let Some(map) = filling.then(|| self.populate_map()).flatten() else {
+            // SAFETY: forwarded.
+            return unsafe { self.read_task(w, dst, t) };
+        };
+        // A fill task is read through the page cache (`policy::fill_shape`): block by block,
+        // each read into the cache by the kernel first, then copied out.
+        let mut done = 0usize;
+        while done < t.len {
+            let off = t.offset + done as u64;
+            let block_end = (off / sys::POPULATE_BLOCK + 1) * sys::POPULATE_BLOCK;
+            let want = ((block_end - off) as usize).min(t.len - done);
+            // Only advice: the read below finds the file as it is, populated or not.
+            let _ = map.populate(off, want);
+            // SAFETY: `done + want <= t.len`, inside `dst`'s bytes.
+            let got = unsafe { self.pread_fallback(dst.add(done), off, want)? };
+            done += got;
+            if got < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// The mapping for `fill_reads=populate` fills of a file on a local file system, made on
+    /// first use; `None` under `readahead`, elsewhere, or where the kernel cannot make one.
+    fn populate_map(&self) -> Option<&sys::PopulateMap> {
+        if self.inner.settings.fill_reads != FillReads::Populate || !self.inner.local {
+            return None;
+        }
+        self.inner
+            .populate
+            .get_or_init(|| {
+                let size = sys::fstat(self.fd()).ok()?.st_size as u64;
+                sys::PopulateMap::new(self.fd(), size).ok()
+            })
+            .as_ref()
     }
 
     /// Reads one task into `dst`.

@@ -297,6 +297,90 @@ pub fn mincore_resident(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result
     Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64)
 }
 
+/// A read-only shared mapping of a file that is never read through: it only lets the kernel be
+/// asked to read chosen ranges of the file into the page cache ([`PopulateMap::populate`]).
+///
+/// The mapping is advised `MADV_HUGEPAGE` and `MADV_RANDOM`, so that each page fault reads the
+/// one 2 MiB-aligned block around it, as one huge folio where the file system keeps them, and
+/// nothing more: the caller, not the kernel's readahead, decides how many reads are in flight.
+pub struct PopulateMap {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is only passed to madvise(2), which is safe from any thread; the pointer is
+// never dereferenced.
+unsafe impl Send for PopulateMap {}
+// SAFETY: as above: no method reads or writes through the pointer.
+unsafe impl Sync for PopulateMap {}
+
+/// The block each fault of a [`PopulateMap`] reads: a PMD-sized huge page.
+pub const POPULATE_BLOCK: u64 = 2 << 20;
+
+impl PopulateMap {
+    /// Maps the first `len` bytes of `fd` (its size now). Fails where the kernel cannot advise
+    /// huge pages for file mappings (`EINVAL`): there a fault would read a single page.
+    pub fn new(fd: BorrowedFd<'_>, len: u64) -> io::Result<PopulateMap> {
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&l| l > 0)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: a new read-only shared mapping of an open file, checked against MAP_FAILED; no
+        // memory of ours is affected.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let map = PopulateMap { addr, len };
+        for advice in [libc::MADV_HUGEPAGE, libc::MADV_RANDOM] {
+            // SAFETY: advice on exactly our own mapping (dropped, so unmapped, on failure).
+            if unsafe { libc::madvise(map.addr, map.len, advice) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(map)
+    }
+
+    /// Reads `[offset, offset+len)` of the file into the page cache, in whole 2 MiB blocks, one
+    /// after the other (`MADV_POPULATE_READ`), and unmaps them again (`MADV_DONTNEED`, which on a
+    /// file mapping leaves the page cache as it is). Bytes past the mapping are skipped. An error
+    /// (a file cut short under the mapping reads as `EFAULT`) changes nothing: a read that
+    /// follows reports the file's real state.
+    pub fn populate(&self, offset: u64, len: usize) -> io::Result<()> {
+        let start = offset / POPULATE_BLOCK * POPULATE_BLOCK;
+        let end = offset.saturating_add(len as u64).min(self.len as u64);
+        if start >= end {
+            return Ok(());
+        }
+        let end = end.div_ceil(POPULATE_BLOCK).saturating_mul(POPULATE_BLOCK).min(self.len as u64);
+        // SAFETY: `start < end <= self.len`, so the range lies inside our mapping.
+        let at = unsafe { self.addr.add(start as usize) };
+        let n = (end - start) as usize;
+        // SAFETY: advice on a range of our own mapping; neither call touches memory of ours.
+        let r = unsafe { libc::madvise(at, n, libc::MADV_POPULATE_READ) };
+        let err = (r != 0).then(io::Error::last_os_error);
+        // SAFETY: as above.
+        unsafe { libc::madvise(at, n, libc::MADV_DONTNEED) };
+        err.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for PopulateMap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping `new` made, which nothing else references.
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
+}
+
 /// `posix_fadvise(POSIX_FADV_DONTNEED)`: asks the kernel to drop the clean cached pages of a range
 /// (`len` 0 means to end of file).
 pub fn fadvise_dontneed(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
@@ -485,4 +569,63 @@ pub fn block_device_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
         )
     })?;
     Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    /// A file of `blocks` populate blocks and a few bytes more, dropped from the page cache;
+    /// `None` where the drop does not take (a file system that keeps its pages).
+    fn cold_file(blocks: u64) -> Option<tempfile::NamedTempFile> {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        let len = (blocks * POPULATE_BLOCK) as usize + 100;
+        f.write_all(&vec![7u8; len]).unwrap();
+        f.as_file().sync_all().unwrap();
+        fadvise_dontneed(f.as_file().as_fd(), 0, 0).unwrap();
+        let fd = f.as_file().as_fd();
+        if mincore_resident(fd, 0, len as u64).unwrap() > 0 {
+            eprintln!("skipped: this file system keeps the pages after POSIX_FADV_DONTNEED");
+            return None;
+        }
+        Some(f)
+    }
+
+    #[test]
+    fn populate_reads_the_blocks_asked_for_and_no_more() {
+        let Some(f) = cold_file(4) else { return };
+        let fd = f.as_file().as_fd();
+        let len = f.as_file().metadata().unwrap().len();
+        let map = PopulateMap::new(fd, len).unwrap();
+        // A range inside the second block brings in that whole block, not its neighbours.
+        map.populate(POPULATE_BLOCK + 4096, 8192).unwrap();
+        let block = POPULATE_BLOCK;
+        assert_eq!(mincore_resident(fd, block, block).unwrap() * 4096, block);
+        assert_eq!(mincore_resident(fd, 0, block).unwrap(), 0);
+        assert_eq!(mincore_resident(fd, 2 * block, len - 2 * block).unwrap(), 0);
+        // The last, partial block, and a range past the mapping (skipped).
+        map.populate(len - 10, 10).unwrap();
+        assert!(mincore_resident(fd, len - 10, 10).unwrap() > 0);
+        map.populate(len + block, 10).unwrap();
+    }
+
+    #[test]
+    fn populate_past_a_cut_file_is_an_error_not_a_crash() {
+        let Some(f) = cold_file(4) else { return };
+        let fd = f.as_file().as_fd();
+        let map = PopulateMap::new(fd, f.as_file().metadata().unwrap().len()).unwrap();
+        f.as_file().set_len(POPULATE_BLOCK).unwrap();
+        let e = map.populate(2 * POPULATE_BLOCK, 4096).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
+        map.populate(0, 4096).unwrap();
+    }
+
+    #[test]
+    fn populate_map_of_an_empty_file_is_refused() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        assert!(PopulateMap::new(f.as_file().as_fd(), 0).is_err());
+    }
 }

@@ -233,3 +233,38 @@ fn a_bad_cache_value_names_the_accepted_forms() {
     let e = s.set("cache", "sometimes").unwrap_err().to_string();
     assert!(e.contains("auto|keep|bypass"), "{e}");
 }
+
+#[test]
+fn a_kept_cold_read_filled_block_by_block_is_whole_and_cached() {
+    use ferrio::FillReads;
+    let dir = disk_dir();
+    // Larger than a fill task (64 MiB), and not a whole number of 2 MiB blocks.
+    let len = (80 << 20) + 12_345;
+    let bytes = data(len, 11);
+    let p = make_file(dir.path(), "fill", &bytes);
+    std::fs::File::open(&p).unwrap().sync_all().unwrap();
+    for reads in [FillReads::Populate, FillReads::Readahead] {
+        pagecache::drop_file(&p).unwrap();
+        if share(&p) > 0.02 {
+            eprintln!("skipped: this file system keeps the pages after POSIX_FADV_DONTNEED");
+            return;
+        }
+        let mut s = Settings::default();
+        s.fill_reads = reads;
+        let f = File::options()
+            .settings(s)
+            .cache(CacheMode::Keep)
+            .open(&p, "r")
+            .unwrap();
+        // From an offset that is no block's start, as a checkpoint's data section is.
+        let at = 4096 + 8;
+        let mut buf = vec![0u8; len - at];
+        assert_eq!(
+            f.read_at(&mut buf, at as u64).unwrap(),
+            buf.len(),
+            "{reads}"
+        );
+        assert!(buf == bytes[at..], "{reads}: wrong bytes");
+        assert!(share(&p) >= 0.99, "{reads}: {}", share(&p));
+    }
+}
