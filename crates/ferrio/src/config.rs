@@ -211,7 +211,7 @@ impl Default for Settings {
             bounce_buffer_size: 0,
             bounce_buffers: 0,
             fill_in_flight: 0,
-            fill_reads: FillReads::Readahead,
+            fill_reads: FillReads::Populate,
             pinned_limit: 0,
             pinned_memory: PinnedMemory::Driver,
             remote_range_size: 0,
@@ -344,7 +344,7 @@ pub const SETTINGS: &[SettingInfo] = &[
         name: "fill_in_flight",
         env: "FERRIO_FILL_IN_FLIGHT",
         unit: "tasks",
-        default: "2",
+        default: "4",
         doc: "64 MiB tasks in flight per request when a cold read fills the page cache \
               (under fill_reads=populate, the reads in flight on the disk)",
         get: |s| s.fill_in_flight.to_string(),
@@ -357,7 +357,7 @@ pub const SETTINGS: &[SettingInfo] = &[
         name: "fill_reads",
         env: "FERRIO_FILL_READS",
         unit: "readahead/populate",
-        default: "readahead",
+        default: "populate",
         doc: "how the tasks of a cold read that fills the page cache read: readahead = buffered \
               reads, the kernel's readahead sets the depth; populate = one 2 MiB block per task \
               at a time, read into huge folios",
