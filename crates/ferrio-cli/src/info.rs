@@ -138,6 +138,8 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
     // A rewrite of the whole file (the handle that asked for direct I/O knows whether it works).
     let writes = probe.describe_write(size);
     let measured = probe.measured_writes();
+    let fill = file.fill_reads();
+    let in_flight = settings.fill_in_flight;
     if json {
         let disks: Vec<Value> = chain
             .disks()
@@ -170,7 +172,9 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
                           "read_policy": settings.direct_read.as_str(), "write_policy": settings.direct_write.as_str(),
                           "overread": settings.direct_overread},
             "cache": {"asked": decision.asked.as_str(), "resolved": decision.resolved.as_str(),
-                      "reason": decision.reason, "keeps": decision.keeps()},
+                      "reason": decision.reason, "keeps": decision.keeps(),
+                      "fill": fill.map(|r| json!({"reads": r.as_str(), "in_flight": in_flight,
+                                                 "task_bytes": ferrio::policy::FILL_TASK_BYTES}))},
             "writes": {"direct": writes.direct, "reason": writes.reason,
                        "keep_limit": decision.write_keep_limit,
                        "measured": measured.map(|m| json!({"buffered_bytes_per_s": m.buffered, "direct_bytes_per_s": m.direct}))},
@@ -202,6 +206,22 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
         }
     ))?;
     out(&format!("cache:       {decision}"))?;
+    if let Some(reads) = fill {
+        let how = match reads {
+            ferrio::FillReads::Populate => "each reading 2 MiB blocks into the page cache",
+            ferrio::FillReads::Readahead => "each through the kernel's readahead",
+        };
+        let fallback = if reads != settings.fill_reads {
+            ": the kernel cannot map this file for populate"
+        } else {
+            ""
+        };
+        out(&format!(
+            "fill:        cold reads of {} or more: {in_flight} tasks of {0} at a time, {how} \
+             (fill_reads={reads}{fallback})",
+            ferrio::config::format_size(ferrio::policy::FILL_TASK_BYTES)
+        ))?;
+    }
     out(&format!("writes:      {writes}"))?;
     out(&format!(
         "page cache:  {} of {} resident ({:.0}%), {} dirty",

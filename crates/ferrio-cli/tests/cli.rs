@@ -114,6 +114,11 @@ fn info_says_what_the_cache_policy_decided_and_read_takes_cache() {
     let o = run(&["info", fs]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("cache:       auto → keep"), "{text}");
+    assert!(
+        text.contains("fill:        cold reads of 64.00 MiB or more: 4 tasks")
+            && text.contains("(fill_reads=populate)"),
+        "{text}"
+    );
     let o = ferrio()
         .env("FERRIO_CACHE", "bypass")
         .args(["info", fs, "--json"])
@@ -121,6 +126,15 @@ fn info_says_what_the_cache_policy_decided_and_read_takes_cache() {
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["cache"]["resolved"], "bypass");
+    assert_eq!(v["cache"]["fill"], serde_json::Value::Null);
+    let o = ferrio()
+        .env("FERRIO_FILL_READS", "readahead")
+        .args(["info", fs, "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cache"]["fill"]["reads"], "readahead");
+    assert_eq!(v["cache"]["fill"]["in_flight"], 4);
     let o = run(&["read", fs, "--cache", "keep", "--cold"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = run(&["read", fs, "--cache", "never"]);

@@ -262,7 +262,7 @@ pub(crate) struct FillShape {
 /// offsets of one file defeat readahead: the page cache then holds 4 KiB pages, and the next read
 /// of the file copies out of it at half speed. How many such tasks run at once is the
 /// `fill_in_flight` setting (measured: see benchmarks/RESULTS.md).
-pub(crate) const FILL_TASK_BYTES: u64 = 64 << 20;
+pub const FILL_TASK_BYTES: u64 = 64 << 20;
 
 /// The shape of a read of `[offset, offset+len)` when it fills the page cache: a kept file
 /// (not forced to `O_DIRECT`) whose range is mostly cold and at least one fill task long. `None`: plan

@@ -83,6 +83,21 @@ impl File {
         Ok(done)
     }
 
+    /// How a cold read of this file that fills the page cache would read (one of at least
+    /// [`policy::FILL_TASK_BYTES`]): `None` where none does (the file bypasses the cache, or
+    /// `direct_read=on`); `Readahead` under `fill_reads=populate` where the kernel cannot map
+    /// the file for it (another file system than a local one, say).
+    pub fn fill_reads(&self) -> Option<FillReads> {
+        if !self.inner.cache.keeps() || self.choices.direct_read == crate::DirectMode::On {
+            return None;
+        }
+        Some(if self.populate_map().is_some() {
+            FillReads::Populate
+        } else {
+            FillReads::Readahead
+        })
+    }
+
     /// The mapping for `fill_reads=populate` fills of a file on a local file system, made on
     /// first use; `None` under `readahead`, elsewhere, or where the kernel cannot make one.
     fn populate_map(&self) -> Option<&sys::PopulateMap> {
