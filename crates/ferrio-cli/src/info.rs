@@ -165,7 +165,7 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
             "mount_point": chain.mount_point.as_deref().map(json_path),
             "dev": chain.dev().to_string(), "has_block_device": chain.has_block_device(),
             "nodes": chain.nodes().iter().map(|n| n.to_string()).collect::<Vec<_>>(),
-            "disks": disks,
+            "disks": disks, "read_ahead_bytes": chain.device.read_ahead(),
             "pool": {"key": pool.key, "max_threads": pool.max_threads},
             "direct_io": {"available": direct.is_available(), "detail": direct.to_string(),
                           "mem_align": mem_align, "offset_align": offset_align,

@@ -147,7 +147,8 @@ pub struct Disk {
     /// `queue/read_ahead_kb` in bytes: the kernel's readahead window for each sequential reader
     /// of a file whose file system sits on this disk or one of its partitions, which sets how
     /// many requests a read through the page cache keeps in flight. (Under LVM, md or another
-    /// stacked device, the top device's own window applies instead.)
+    /// stacked device, the top device's own window applies instead: [`Node::read_ahead`],
+    /// [`DeviceStack::read_ahead`].)
     pub read_ahead: Option<u64>,
     /// For a loop device, the file behind it (`loop/backing_file`).
     pub backing_file: Option<PathBuf>,
@@ -224,6 +225,9 @@ pub struct Node {
     pub kind: NodeKind,
     /// Distance from the file system's device (0); members of a node have its depth + 1.
     pub depth: usize,
+    /// A stacked device's own `queue/read_ahead_kb`, in bytes: the readahead window of a file
+    /// system on it. `None` for disks and partitions (see [`Disk::read_ahead`]).
+    pub read_ahead: Option<u64>,
 }
 
 impl fmt::Display for Node {
@@ -348,6 +352,19 @@ impl DeviceStack {
     pub fn has_block_device(&self) -> bool {
         self.pool.is_block_device()
     }
+
+    /// The readahead window of buffered reads of files on this file system, in bytes: its
+    /// device's own where that is a stacked device (md, dm), else its disk's. `None` without a
+    /// block device or where sysfs does not say.
+    pub fn read_ahead(&self) -> Option<u64> {
+        let top = self.nodes.first()?;
+        match top.kind {
+            NodeKind::Disk | NodeKind::Partition { .. } => {
+                self.disks.first().and_then(|d| d.read_ahead)
+            }
+            _ => top.read_ahead,
+        }
+    }
 }
 
 /// A file resolved to its file system, mount point and device stack.
@@ -405,8 +422,15 @@ impl fmt::Display for DeviceChain {
             write!(f, " on {}", top.name)?;
         }
         let mount = self.mount_point.as_ref().map(|m| m.display());
+        // A stacked device's window governs the file system's buffered reads, not its disks'.
+        let window = stack
+            .nodes
+            .first()
+            .and_then(|top| top.read_ahead)
+            .map(|w| format!(", readahead {}", crate::config::format_size(w)))
+            .unwrap_or_default();
         match (&mount, stack.has_block_device()) {
-            (Some(mount), true) => write!(f, " (mount {mount})")?,
+            (Some(mount), true) => write!(f, " (mount {mount}{window})")?,
             (Some(mount), false) => write!(f, " (mount {mount}), no block device {}", stack.dev)?,
             (None, true) => {}
             (None, false) => write!(f, ", no block device {}", stack.dev)?,

@@ -76,6 +76,7 @@ impl Walk {
                 dev,
                 kind: NodeKind::Partition { number },
                 depth,
+                read_ahead: None,
             });
             // A partition's directory sits inside its disk's directory.
             let disk = dir.parent().filter(|p| p.join("dev").is_file());
@@ -110,6 +111,7 @@ impl Walk {
                 dev,
                 kind,
                 depth,
+                read_ahead: read_ahead(dir),
             });
             for member in &members {
                 self.visit(member, depth + 1)?;
@@ -122,6 +124,7 @@ impl Walk {
             dev,
             kind: NodeKind::Disk,
             depth,
+            read_ahead: None,
         });
         if self.seen_disks.insert(dir.to_path_buf()) {
             self.disks.push(read_disk(dir, name, dev));
@@ -171,9 +174,7 @@ fn read_disk(dir: &Path, name: String, dev: Option<DevId>) -> Disk {
             .and_then(|s| s.parse().ok()),
         physical_block_size: read_attr(&dir.join("queue/physical_block_size"))
             .and_then(|s| s.parse().ok()),
-        read_ahead: read_attr(&dir.join("queue/read_ahead_kb"))
-            .and_then(|s| s.parse::<u64>().ok())
-            .map(|kib| kib << 10),
+        read_ahead: read_ahead(dir),
         backing_file,
         sysfs_path: dir.to_path_buf(),
         name,
@@ -234,4 +235,11 @@ fn read_attr(path: &Path) -> Option<String> {
     let text = fs::read_to_string(path).ok()?;
     let text = text.trim();
     (!text.is_empty()).then(|| text.to_owned())
+}
+
+/// A block device's `queue/read_ahead_kb`, in bytes.
+fn read_ahead(dir: &Path) -> Option<u64> {
+    read_attr(&dir.join("queue/read_ahead_kb"))
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(|kib| kib << 10)
 }

@@ -56,7 +56,8 @@ fn display_of_lvm_over_md_and_of_no_block_device() {
         parts.push(sys.partition(&ns, &format!("nvme{i}n1p1"), 1, DevId::new(259, i * 2 + 1)));
     }
     let md0 = sys.md("md0", DevId::new(9, 0), "raid0", &[&parts[0], &parts[1]]);
-    sys.dm("dm-1", DevId::new(253, 1), "vg-data", "LVM-xyz", &[&md0]);
+    let dm1 = sys.dm("dm-1", DevId::new(253, 1), "vg-data", "LVM-xyz", &[&md0]);
+    sys.write(&format!("{dm1}/queue/read_ahead_kb"), "128\n");
     let chain = DeviceChain {
         path: PathBuf::from("/data/f"),
         fs_type: "xfs".to_owned(),
@@ -65,10 +66,13 @@ fn display_of_lvm_over_md_and_of_no_block_device() {
     };
     assert_eq!(
         chain.to_string(),
-        "file /data/f → xfs on dm-1 (mount /data) → md0 (raid0) → partition nvme0n1p1, \
+        "file /data/f → xfs on dm-1 (mount /data, readahead 128.00 KiB) → md0 (raid0) → \
+         partition nvme0n1p1, \
          partition nvme1n1p1 → disks nvme0n1 (nvme on nvme0, 512 B logical, readahead 8.00 MiB), \
          nvme1n1 (nvme on nvme1, 512 B logical, readahead 8.00 MiB) → pool nvme0+nvme1"
     );
+    // The file system's reads follow the top device's window, not its disks'.
+    assert_eq!(chain.device.read_ahead(), Some(128 << 10));
 
     let tmp = DeviceChain {
         path: PathBuf::from("/dev/shm/x"),

@@ -236,6 +236,11 @@ fn virtio_disk_is_not_taken_for_a_rotating_one() {
         stack.disks[0].to_string(),
         "vda (virtio, 512 B logical, 4096 B physical, readahead 8.00 MiB)"
     );
+    assert_eq!(
+        stack.read_ahead(),
+        Some(8 << 20),
+        "a file system on the disk: its window"
+    );
 }
 
 #[test]
