@@ -103,3 +103,45 @@ fn without_a_driver_device_calls_say_why() {
     assert!(matches!(e, ferrio::Error::CudaUnavailable { .. }), "{e}");
     assert!(e.to_string().contains("CUDA is not available"), "{e}");
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
+fn a_cold_kept_file_fills_the_page_cache_on_its_way_to_the_gpu() {
+    use ferrio::{pagecache, CacheMode, FillReads, Settings};
+    crate::require_cuda!();
+    let dir = disk_dir();
+    // Larger than a fill task (64 MiB), not a whole number of 2 MiB blocks.
+    let len = (80 << 20) + 12_345;
+    let content = data(len, 23);
+    let path = make_file(dir.path(), "fill", &content);
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
+    for reads in [FillReads::Populate, FillReads::Readahead] {
+        pagecache::drop_file(&path).unwrap();
+        if pagecache::residency(&path, 0, None).unwrap().share() > 0.02 {
+            eprintln!("skipped: this file system keeps the pages after POSIX_FADV_DONTNEED");
+            return;
+        }
+        let mut s = Settings::default();
+        s.fill_reads = reads;
+        let f = File::options()
+            .settings(s)
+            .cache(CacheMode::Keep)
+            .open(&path, "r")
+            .unwrap();
+        assert_eq!(f.fill_reads(), Some(reads));
+        let at = 4096 + 8;
+        let size = len - at;
+        let dev = DeviceBuffer::new(0, size, false).unwrap();
+        dev.copy_from_host(0, &vec![POISON; size]).unwrap();
+        // SAFETY: `dev` outlives the waited-on future and nothing else touches it.
+        let n = unsafe { f.pread_device(dev.ptr(), size, at as u64) }
+            .wait()
+            .unwrap();
+        assert_eq!(n, size, "{reads}");
+        let mut host = vec![0u8; size];
+        dev.copy_to_host(0, &mut host).unwrap();
+        assert!(host == content[at..], "{reads}: wrong bytes");
+        let share = pagecache::residency(&path, 0, None).unwrap().share();
+        assert!(share >= 0.99, "{reads}: {share}");
+    }
+}

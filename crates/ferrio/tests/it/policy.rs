@@ -256,6 +256,7 @@ fn a_kept_cold_read_filled_block_by_block_is_whole_and_cached() {
             .cache(CacheMode::Keep)
             .open(&p, "r")
             .unwrap();
+        assert_eq!(f.fill_reads(), Some(reads));
         // From an offset that is no block's start, as a checkpoint's data section is.
         let at = 4096 + 8;
         let mut buf = vec![0u8; len - at];
