@@ -257,11 +257,13 @@ pub(crate) struct FillShape {
     pub(crate) in_flight: usize,
 }
 
-/// Tasks of a cold read that fills the page cache: large, so that the kernel's readahead ramps
-/// up within each and fills the cache with large folios. Many small buffered reads at scattered
-/// offsets of one file defeat readahead: the page cache then holds 4 KiB pages, and the next read
-/// of the file copies out of it at half speed. How many such tasks run at once is the
-/// `fill_in_flight` setting (measured: see benchmarks/RESULTS.md).
+/// Tasks of a cold read that fills the page cache: few and large, each read front to back, so
+/// that the page cache ends up holding large folios. Under `fill_reads=populate` each task reads
+/// 2 MiB blocks one after the other into huge folios; under `readahead` the kernel's readahead
+/// ramps up within each task. (Many small buffered reads at scattered offsets of one file defeat
+/// readahead: the page cache then holds 4 KiB pages, and the next read of the file copies out of
+/// it at half speed.) How many such tasks run at once is the `fill_in_flight` setting
+/// (measured: see benchmarks/RESULTS.md).
 pub const FILL_TASK_BYTES: u64 = 64 << 20;
 
 /// The shape of a read of `[offset, offset+len)` when it fills the page cache: a kept file
