@@ -317,10 +317,35 @@ unsafe impl Sync for PopulateMap {}
 /// The block each fault of a [`PopulateMap`] reads: a PMD-sized huge page.
 pub const POPULATE_BLOCK: u64 = 2 << 20;
 
+/// The first kernel whose faults on a `MADV_HUGEPAGE` file mapping read the whole 2 MiB block
+/// around them (Linux 5.18, with large folios in the page cache). Before it a fault under
+/// `MADV_RANDOM` read one 4 KiB page, which would make a populate crawl.
+pub const POPULATE_KERNEL: (u32, u32) = (5, 18);
+
+/// The running kernel's version, major and minor (`/proc/sys/kernel/osrelease`).
+pub fn kernel_version() -> Option<(u32, u32)> {
+    parse_kernel_version(&std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?)
+}
+
+/// `"6.18.44-fc-v595"` → `(6, 18)`.
+fn parse_kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
 impl PopulateMap {
-    /// Maps the first `len` bytes of `fd` (its size now). Fails where the kernel cannot advise
-    /// huge pages for file mappings (`EINVAL`): there a fault would read a single page.
+    /// Maps the first `len` bytes of `fd` (its size now). Fails on kernels before
+    /// [`POPULATE_KERNEL`] (`Unsupported`) and where the kernel cannot advise huge pages for
+    /// file mappings (`EINVAL`): there a fault would read a single page.
     pub fn new(fd: BorrowedFd<'_>, len: u64) -> io::Result<PopulateMap> {
+        if kernel_version().is_none_or(|v| v < POPULATE_KERNEL) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "faults read whole huge-page blocks only from Linux 5.18",
+            ));
+        }
         let len = usize::try_from(len)
             .ok()
             .filter(|&l| l > 0)
@@ -621,6 +646,17 @@ mod tests {
         let e = map.populate(2 * POPULATE_BLOCK, 4096).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
         map.populate(0, 4096).unwrap();
+    }
+
+    #[test]
+    fn kernel_versions_parse() {
+        assert_eq!(parse_kernel_version("6.18.44-fc-v595\n"), Some((6, 18)));
+        assert_eq!(parse_kernel_version("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(parse_kernel_version("5.14.0-427.el9.x86_64"), Some((5, 14)));
+        assert_eq!(parse_kernel_version("6.1"), Some((6, 1)));
+        assert_eq!(parse_kernel_version("garbage"), None);
+        assert!((5, 15) < POPULATE_KERNEL && (6, 1) > POPULATE_KERNEL);
+        assert!(kernel_version().is_some(), "this kernel's version");
     }
 
     #[test]
