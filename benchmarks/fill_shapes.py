@@ -15,7 +15,7 @@ Shapes (THREADS and sizes are written like `16`, `512K`, `2M`):
                        (one read of exactly that chunk, kept in the page cache as huge folios
                        where the file system allows), then pread it out: the caller sets the depth
   direct:T:BS          T threads take BS blocks in order from one queue and read them with
-                       O_DIRECT (fastsafetensors' reader: 16 threads, 512 KiB): leaves nothing cached
+                       O_DIRECT (fastsafetensors' reader: 16 threads, 512 KiB): caches nothing
 
     sudo python3 benchmarks/fill_shapes.py FILE --rounds 3 --shapes buffered:2:16M,populate:4:2M
 """
@@ -49,8 +49,13 @@ def disk_of(path):
     return os.path.basename(os.path.dirname(node) if os.path.exists(f"{node}/partition") else node)
 
 
+def read_text(path):
+    with open(path) as f:
+        return f.read()
+
+
 def diskstats(disk):
-    for line in open("/proc/diskstats"):
+    for line in read_text("/proc/diskstats").splitlines():
         f = line.split()
         if f[2] == disk:
             return int(f[3]), int(f[5]), int(f[6]), int(f[12]), int(f[13])
@@ -58,7 +63,7 @@ def diskstats(disk):
 
 
 def disk_summary(before, after):
-    reads, sectors, ms_reading, busy, weighted = (a - b for a, b in zip(after, before))
+    reads, sectors, ms_reading, busy, weighted = (a - b for a, b in zip(after, before, strict=True))
     reads = max(reads, 1)
     return {
         "request_kib": round(sectors * 512 / reads / 1024),
@@ -86,7 +91,7 @@ def run_threads(n, fn):
     def guarded():
         try:
             fn()
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:  # reported below
             errors.append(e)
 
     threads = [threading.Thread(target=guarded) for _ in range(n)]
@@ -189,7 +194,7 @@ print(size / (time.perf_counter() - t) / 2**30)
 
 
 def file_huge_kib():
-    for line in open("/proc/meminfo"):
+    for line in read_text("/proc/meminfo").splitlines():
         if line.startswith("FileHugePages:"):
             return int(line.split()[1])
     return 0
@@ -204,7 +209,7 @@ def main():
     size = os.path.getsize(args.path)
     disk = disk_of(args.path)
     q = f"/sys/block/{disk}/queue"
-    knobs = {k: open(f"{q}/{k}").read().strip() for k in
+    knobs = {k: read_text(f"{q}/{k}").strip() for k in
              ("max_sectors_kb", "max_segments", "max_segment_size", "read_ahead_kb", "nr_requests",
               "scheduler", "rotational") if os.path.exists(f"{q}/{k}")}
     print(f"# {args.path}: {size / 2**30:.2f} GiB on {disk} {knobs}", flush=True)
