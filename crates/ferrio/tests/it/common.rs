@@ -132,3 +132,22 @@ impl Drop for LoopFs {
         }
     }
 }
+
+/// The file at `path` dropped from the page cache and opened to be kept, its cold reads filling
+/// the cache the `reads` way; `None` (said on stderr) where the drop does not take.
+pub fn open_cold_to_fill(path: &Path, reads: ferrio::FillReads) -> Option<ferrio::File> {
+    ferrio::pagecache::drop_file(path).unwrap();
+    if ferrio::pagecache::residency(path, 0, None).unwrap().share() > 0.02 {
+        eprintln!("skipped: this file system keeps the pages after POSIX_FADV_DONTNEED");
+        return None;
+    }
+    let mut s = Settings::default();
+    s.fill_reads = reads;
+    let f = ferrio::File::options()
+        .settings(s)
+        .cache(ferrio::CacheMode::Keep)
+        .open(path, "r")
+        .unwrap();
+    assert_eq!(f.fill_reads(), Some(reads));
+    Some(f)
+}

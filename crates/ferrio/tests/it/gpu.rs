@@ -5,7 +5,7 @@
 use ferrio::cuda::{self, DeviceBuffer};
 use ferrio::{DirectMode, File};
 
-use super::common::{data, disk_dir, make_file, settings, POISON};
+use super::common::{data, disk_dir, make_file, open_cold_to_fill, settings, POISON};
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
@@ -107,7 +107,7 @@ fn without_a_driver_device_calls_say_why() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn a_cold_kept_file_fills_the_page_cache_on_its_way_to_the_gpu() {
-    use ferrio::{pagecache, CacheMode, FillReads, Settings};
+    use ferrio::{pagecache, FillReads};
     crate::require_cuda!();
     let dir = disk_dir();
     // Larger than a fill task (64 MiB), not a whole number of 2 MiB blocks.
@@ -116,19 +116,9 @@ fn a_cold_kept_file_fills_the_page_cache_on_its_way_to_the_gpu() {
     let path = make_file(dir.path(), "fill", &content);
     std::fs::File::open(&path).unwrap().sync_all().unwrap();
     for reads in [FillReads::Populate, FillReads::Readahead] {
-        pagecache::drop_file(&path).unwrap();
-        if pagecache::residency(&path, 0, None).unwrap().share() > 0.02 {
-            eprintln!("skipped: this file system keeps the pages after POSIX_FADV_DONTNEED");
+        let Some(f) = open_cold_to_fill(&path, reads) else {
             return;
-        }
-        let mut s = Settings::default();
-        s.fill_reads = reads;
-        let f = File::options()
-            .settings(s)
-            .cache(CacheMode::Keep)
-            .open(&path, "r")
-            .unwrap();
-        assert_eq!(f.fill_reads(), Some(reads));
+        };
         let at = 4096 + 8;
         let size = len - at;
         let dev = DeviceBuffer::new(0, size, false).unwrap();

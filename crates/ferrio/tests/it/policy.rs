@@ -7,7 +7,7 @@ use std::path::Path;
 use ferrio::policy::WriteProbe;
 use ferrio::{pagecache, CacheMode, File, Settings};
 
-use super::common::{data, disk_dir, make_file};
+use super::common::{data, disk_dir, make_file, open_cold_to_fill};
 
 const LEN: usize = 16 << 20;
 
@@ -244,19 +244,9 @@ fn a_kept_cold_read_filled_block_by_block_is_whole_and_cached() {
     let p = make_file(dir.path(), "fill", &bytes);
     std::fs::File::open(&p).unwrap().sync_all().unwrap();
     for reads in [FillReads::Populate, FillReads::Readahead] {
-        pagecache::drop_file(&p).unwrap();
-        if share(&p) > 0.02 {
-            eprintln!("skipped: this file system keeps the pages after POSIX_FADV_DONTNEED");
+        let Some(f) = open_cold_to_fill(&p, reads) else {
             return;
-        }
-        let mut s = Settings::default();
-        s.fill_reads = reads;
-        let f = File::options()
-            .settings(s)
-            .cache(CacheMode::Keep)
-            .open(&p, "r")
-            .unwrap();
-        assert_eq!(f.fill_reads(), Some(reads));
+        };
         // From an offset that is no block's start, as a checkpoint's data section is.
         let at = 4096 + 8;
         let mut buf = vec![0u8; len - at];
