@@ -29,7 +29,14 @@ for w in .carry/remote-peers/*.whl; do
   [ -e "$w" ] && { python3 -m pip install -q --no-index --no-deps --target /tmp/site "$w" >>"$LOGS/pip.log" 2>&1 || echo "skip: $w" | tee -a "$S"; }
 done
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; free -g | head -2; df -h /root | tail -1; command -v fio || echo "no fio"; uname -r; } >>"$S" 2>&1
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; free -g | head -2; df -h /root | tail -1; command -v fio || echo "no fio"; uname -r
+  # Whether freed memory goes back to the host (a virtio balloon with free page reporting,
+  # feature bit 5), which makes filling the page cache after drop_caches costly (RESULTS.md,
+  # Cache policy, session 14), and the transparent huge page modes the fill relies on.
+  for d in /sys/bus/virtio/drivers/virtio_balloon/virtio*; do
+    [ -e "$d/features" ] && echo "virtio_balloon $(basename "$d"): free page reporting $(cut -c6 "$d/features")"
+  done
+  echo "thp: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"; } >>"$S" 2>&1
 
 if want tests; then
 step rust-gpu-tests
