@@ -259,3 +259,34 @@ fn a_kept_cold_read_filled_block_by_block_is_whole_and_cached() {
         assert!(share(&p) >= 0.99, "{reads}: {}", share(&p));
     }
 }
+
+#[test]
+fn fills_on_a_file_system_without_a_block_device_go_through_readahead() {
+    use ferrio::FillReads;
+    let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    };
+    let p = make_file(dir.path(), "f", &data(1 << 20, 12));
+    let kept = |reads: FillReads, cache: CacheMode| {
+        let mut s = Settings::default();
+        s.fill_reads = reads;
+        File::options()
+            .settings(s)
+            .cache(cache)
+            .open(&p, "r")
+            .unwrap()
+            .fill_reads()
+    };
+    // tmpfs has no disk to keep busy: populate is for block devices only.
+    assert_eq!(
+        kept(FillReads::Populate, CacheMode::Keep),
+        Some(FillReads::Readahead)
+    );
+    assert_eq!(
+        kept(FillReads::Readahead, CacheMode::Keep),
+        Some(FillReads::Readahead)
+    );
+    // A file that bypasses the cache is never filled.
+    assert_eq!(kept(FillReads::Populate, CacheMode::Bypass), None);
+}
