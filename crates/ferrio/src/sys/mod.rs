@@ -268,33 +268,55 @@ pub fn mincore_resident(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result
     }
     let page = page_size() as u64;
     let start = offset / page * page;
-    let map_len = (offset + len - start) as usize;
-    // SAFETY: mapping a file read-only and shared has no effect on memory we own; the result is
-    // checked against MAP_FAILED.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            map_len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            start as libc::off_t,
-        )
-    };
-    if addr == libc::MAP_FAILED {
+    let map = FileMapping::new(fd, start, (offset + len - start) as usize)?;
+    let mut vec = vec![0u8; map.len.div_ceil(page as usize)];
+    // SAFETY: `map` is our mapping and `vec` has one byte per page of it.
+    if unsafe { libc::mincore(map.addr, map.len, vec.as_mut_ptr()) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    let pages = map_len.div_ceil(page as usize);
-    let mut vec = vec![0u8; pages];
-    // SAFETY: `addr..addr+map_len` is our mapping and `vec` has one byte per page.
-    let r = unsafe { libc::mincore(addr, map_len, vec.as_mut_ptr()) };
-    let err = (r != 0).then(io::Error::last_os_error);
-    // SAFETY: unmapping exactly the mapping created above, which nothing else references.
-    unsafe { libc::munmap(addr, map_len) };
-    if let Some(e) = err {
-        return Err(e);
-    }
     Ok(vec.iter().filter(|&&b| b & 1 != 0).count() as u64)
+}
+
+/// A read-only shared mapping of `len` bytes of a file from `offset` (page-aligned), unmapped on
+/// drop. Only handed to the kernel's questions and advice (`mincore`, `madvise`); never read
+/// through here.
+struct FileMapping {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is only passed to syscalls, which are safe from any thread; the pointer is
+// never dereferenced.
+unsafe impl Send for FileMapping {}
+// SAFETY: as above: nothing reads or writes through the pointer.
+unsafe impl Sync for FileMapping {}
+
+impl FileMapping {
+    fn new(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<FileMapping> {
+        // SAFETY: a new read-only shared mapping of an open file, checked against MAP_FAILED; no
+        // memory of ours is affected.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                offset as libc::off_t,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(FileMapping { addr, len })
+    }
+}
+
+impl Drop for FileMapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping `new` made, which nothing else references.
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
 }
 
 /// A read-only shared mapping of a file that is never read through: it only lets the kernel be
@@ -303,16 +325,7 @@ pub fn mincore_resident(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result
 /// The mapping is advised `MADV_HUGEPAGE` and `MADV_RANDOM`, so that each page fault reads the
 /// one 2 MiB-aligned block around it, as one huge folio where the file system keeps them, and
 /// nothing more: the caller, not the kernel's readahead, decides how many reads are in flight.
-pub struct PopulateMap {
-    addr: *mut libc::c_void,
-    len: usize,
-}
-
-// SAFETY: the mapping is only passed to madvise(2), which is safe from any thread; the pointer is
-// never dereferenced.
-unsafe impl Send for PopulateMap {}
-// SAFETY: as above: no method reads or writes through the pointer.
-unsafe impl Sync for PopulateMap {}
+pub struct PopulateMap(FileMapping);
 
 /// The block each fault of a [`PopulateMap`] reads: a PMD-sized huge page.
 pub const POPULATE_BLOCK: u64 = 2 << 20;
@@ -324,7 +337,10 @@ pub const POPULATE_KERNEL: (u32, u32) = (5, 18);
 
 /// The running kernel's version, major and minor (`/proc/sys/kernel/osrelease`).
 pub fn kernel_version() -> Option<(u32, u32)> {
-    parse_kernel_version(&std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?)
+    static VERSION: std::sync::OnceLock<Option<(u32, u32)>> = std::sync::OnceLock::new();
+    *VERSION.get_or_init(|| {
+        parse_kernel_version(&std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?)
+    })
 }
 
 /// `"6.18.44-fc-v595"` → `(6, 18)`.
@@ -350,29 +366,14 @@ impl PopulateMap {
             .ok()
             .filter(|&l| l > 0)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: a new read-only shared mapping of an open file, checked against MAP_FAILED; no
-        // memory of ours is affected.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let map = PopulateMap { addr, len };
+        let map = FileMapping::new(fd, 0, len)?;
         for advice in [libc::MADV_HUGEPAGE, libc::MADV_RANDOM] {
             // SAFETY: advice on exactly our own mapping (dropped, so unmapped, on failure).
             if unsafe { libc::madvise(map.addr, map.len, advice) } != 0 {
                 return Err(io::Error::last_os_error());
             }
         }
-        Ok(map)
+        Ok(PopulateMap(map))
     }
 
     /// Reads `[offset, offset+len)` of the file into the page cache, in whole 2 MiB blocks, one
@@ -381,14 +382,18 @@ impl PopulateMap {
     /// (a file cut short under the mapping reads as `EFAULT`) changes nothing: a read that
     /// follows reports the file's real state.
     pub fn populate(&self, offset: u64, len: usize) -> io::Result<()> {
+        let map = &self.0;
         let start = offset / POPULATE_BLOCK * POPULATE_BLOCK;
-        let end = offset.saturating_add(len as u64).min(self.len as u64);
+        let end = offset
+            .saturating_add(len as u64)
+            .div_ceil(POPULATE_BLOCK)
+            .saturating_mul(POPULATE_BLOCK)
+            .min(map.len as u64);
         if start >= end {
             return Ok(());
         }
-        let end = end.div_ceil(POPULATE_BLOCK).saturating_mul(POPULATE_BLOCK).min(self.len as u64);
-        // SAFETY: `start < end <= self.len`, so the range lies inside our mapping.
-        let at = unsafe { self.addr.add(start as usize) };
+        // SAFETY: `start < end <= map.len`, so the range lies inside our mapping.
+        let at = unsafe { map.addr.add(start as usize) };
         let n = (end - start) as usize;
         // SAFETY: advice on a range of our own mapping; neither call touches memory of ours.
         let r = unsafe { libc::madvise(at, n, libc::MADV_POPULATE_READ) };
@@ -396,13 +401,6 @@ impl PopulateMap {
         // SAFETY: as above.
         unsafe { libc::madvise(at, n, libc::MADV_DONTNEED) };
         err.map_or(Ok(()), Err)
-    }
-}
-
-impl Drop for PopulateMap {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping `new` made, which nothing else references.
-        unsafe { libc::munmap(self.addr, self.len) };
     }
 }
 
