@@ -267,8 +267,9 @@ pub(crate) struct FillShape {
 pub const FILL_TASK_BYTES: u64 = 64 << 20;
 
 /// The shape of a read of `[offset, offset+len)` when it fills the page cache: a kept file
-/// (not forced to `O_DIRECT`) whose range is mostly cold and at least one fill task long. `None`: plan
-/// the read as usual (many tasks in parallel: hot data is a memory copy and scales with threads).
+/// (not forced to `O_DIRECT`) whose range is mostly cold and at least one fill task long.
+/// `None`: plan the read as usual (many tasks in parallel: hot data is a memory copy and scales
+/// with threads).
 pub(crate) fn fill_shape(
     direct_mode: DirectMode,
     decision: &CacheDecision,
