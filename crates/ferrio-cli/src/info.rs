@@ -209,17 +209,25 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
     if let Some(reads) = fill {
         let how = match reads {
             ferrio::FillReads::Populate => "each reading 2 MiB blocks into the page cache",
-            ferrio::FillReads::Readahead => "each through the kernel's readahead",
+            // `File::fill_reads` says which of the two `auto` became.
+            ferrio::FillReads::Readahead | ferrio::FillReads::Auto => {
+                "each through the kernel's readahead"
+            }
         };
-        let fallback = if reads != settings.fill_reads {
-            ": the kernel cannot map this file for populate"
-        } else {
-            ""
+        let fallback = match (settings.fill_reads, reads) {
+            (asked, used) if asked == used => "",
+            (ferrio::FillReads::Auto, ferrio::FillReads::Readahead)
+                if ferrio::policy::free_page_reporting() =>
+            {
+                ": this machine's memory balloon reports freed memory to its hypervisor"
+            }
+            _ => ": the kernel cannot map this file for populate",
         };
         out(&format!(
             "fill:        cold reads of {} or more: {in_flight} tasks of {0} at a time, {how} \
-             (fill_reads={reads}{fallback})",
-            ferrio::config::format_size(ferrio::policy::FILL_TASK_BYTES)
+             (fill_reads={}{fallback})",
+            ferrio::config::format_size(ferrio::policy::FILL_TASK_BYTES),
+            settings.fill_reads
         ))?;
     }
     out(&format!("writes:      {writes}"))?;

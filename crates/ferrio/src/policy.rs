@@ -266,6 +266,17 @@ pub(crate) struct FillShape {
 /// (measured: see benchmarks/RESULTS.md).
 pub const FILL_TASK_BYTES: u64 = 64 << 20;
 
+/// Whether this machine's memory balloon hands freed memory back to its hypervisor (a virtio
+/// balloon with free page reporting). There, memory freed by dropping caches is returned in
+/// 2 MiB blocks, and the first touch of each block the page cache takes again is slow: on the
+/// dev VM a 2 GiB fill block by block (`fill_reads=populate`) took 1.50 s and 1.5–1.9 CPU-s
+/// against 1.29 s and 0.5–0.8 CPU-s through readahead, and with the balloon unbound both cost
+/// about 0.5 CPU-s (benchmarks/RESULTS.md, "Cache policy", session 14). So `fill_reads=auto`
+/// fills through readahead here.
+pub fn free_page_reporting() -> bool {
+    crate::sys::free_page_reporting()
+}
+
 /// The shape of a read of `[offset, offset+len)` when it fills the page cache: a kept file
 /// (not forced to `O_DIRECT`) whose range is mostly cold and at least one fill task long.
 /// `None`: plan the read as usual (many tasks in parallel: hot data is a memory copy and scales

@@ -85,8 +85,9 @@ impl File {
 
     /// How a cold read of this file that fills the page cache would read (one of at least
     /// [`policy::FILL_TASK_BYTES`]): `None` where none does (the file bypasses the cache, or
-    /// `direct_read=on`); `Readahead` under `fill_reads=populate` where the kernel cannot map
-    /// the file for it (another file system than a local one, say).
+    /// `direct_read=on`); never `Auto`, which is `Populate` or `Readahead` by then; `Readahead`
+    /// under `fill_reads=populate` where the kernel cannot map the file for it (another file
+    /// system than a local one, say).
     pub fn fill_reads(&self) -> Option<FillReads> {
         if !self.inner.cache.keeps() || self.choices.direct_read == crate::DirectMode::On {
             return None;
@@ -99,9 +100,15 @@ impl File {
     }
 
     /// The mapping for `fill_reads=populate` fills of a file on a local file system, made on
-    /// first use; `None` under `readahead`, elsewhere, or where the kernel cannot make one.
+    /// first use; `None` under `readahead`, under `auto` where a balloon reports free pages
+    /// ([`policy::free_page_reporting`]), elsewhere, or where the kernel cannot make one.
     fn populate_map(&self) -> Option<&sys::PopulateMap> {
-        if self.inner.settings.fill_reads != FillReads::Populate || !self.inner.local {
+        let populate = match self.inner.settings.fill_reads {
+            FillReads::Populate => true,
+            FillReads::Auto => !policy::free_page_reporting(),
+            FillReads::Readahead => false,
+        };
+        if !populate || !self.inner.local {
             return None;
         }
         self.inner

@@ -258,6 +258,18 @@ fn a_kept_cold_read_filled_block_by_block_is_whole_and_cached() {
         assert!(buf == bytes[at..], "{reads}: wrong bytes");
         assert!(share(&p) >= 0.99, "{reads}: {}", share(&p));
     }
+    // The default picks one of the two: readahead where a balloon reports free pages.
+    let f = File::options()
+        .cache(CacheMode::Keep)
+        .open(&p, "r")
+        .unwrap();
+    let auto = if ferrio::policy::free_page_reporting() {
+        FillReads::Readahead
+    } else {
+        FillReads::Populate
+    };
+    assert_eq!(Settings::default().fill_reads, FillReads::Auto);
+    assert_eq!(f.fill_reads(), Some(auto));
 }
 
 #[test]
@@ -285,6 +297,10 @@ fn fills_on_a_file_system_without_a_block_device_go_through_readahead() {
     );
     assert_eq!(
         kept(FillReads::Readahead, CacheMode::Keep),
+        Some(FillReads::Readahead)
+    );
+    assert_eq!(
+        kept(FillReads::Auto, CacheMode::Keep),
         Some(FillReads::Readahead)
     );
     // A file that bypasses the cache is never filled.
