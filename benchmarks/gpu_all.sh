@@ -29,6 +29,11 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/wheels/
 for w in .carry/remote-peers/*.whl; do
   [ -e "$w" ] && { python3 -m pip install -q --no-index --no-deps --target /tmp/site "$w" >>"$LOGS/pip.log" 2>&1 || echo "skip: $w" | tee -a "$S"; }
 done
+# Another build of ferrio to compare against, where carried (.carry/old): loaders and clients
+# named `ferrio@PYTHONPATH=/tmp/old:/tmp/site` run it.
+for w in .carry/old/*.whl; do
+  [ -e "$w" ] && python3 -m pip install -q --no-index --no-deps --target /tmp/old "$w" >>"$LOGS/pip.log" 2>&1
+done
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; free -g | head -2; df -h /root | tail -1; command -v fio || echo "no fio"; uname -r
   # Whether freed memory goes back to the host (a virtio balloon with free page reporting,
@@ -164,10 +169,15 @@ step remote-compare
 # from a local server capped per request: nginx from .carry/nginx where carried (`make
 # gpu-nginx`; the machine has none), else the script's threaded Python server.
 mkdir -p /dev/shm/ferrio-remote
-timeout "${REMOTE_TIMEOUT:-150}" python3 benchmarks/remote_compare.py --size "${REMOTE_SIZE:-1GiB}" --rate 100m \
+# REMOTE_SERVERS=nginx,python runs the comparison once per server (the Python one streams each
+# reply at the cap from its first byte; nginx+lua holds each reply, then sends it at once).
+REMOTE_SERVERS=${REMOTE_SERVERS:-auto}
+for server in ${REMOTE_SERVERS//,/ }; do
+timeout "${REMOTE_TIMEOUT:-150}" python3 benchmarks/remote_compare.py --server "$server" --size "${REMOTE_SIZE:-1GiB}" --rate 100m \
   --rounds "${REMOTE_ROUNDS:-2}" --gpu --settings "${REMOTE_SETTINGS:-capped}" --clients "${REMOTE_CLIENTS:-ferrio,kvikio,kvikio-32}" \
-  --timeout 60 --dir /dev/shm/ferrio-remote --json "$LOGS/remote_compare.json" >"$LOGS/remote_compare.log" 2>&1
-tail -25 "$LOGS/remote_compare.log" | tee -a "$S"
+  --timeout 60 --dir /dev/shm/ferrio-remote --json "$LOGS/remote_compare-$server.json" >"$LOGS/remote_compare-$server.log" 2>&1
+tail -25 "$LOGS/remote_compare-$server.log" | tee -a "$S"
+done
 rm -rf /dev/shm/ferrio-remote
 fi
 

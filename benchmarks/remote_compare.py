@@ -7,17 +7,22 @@ directory, run in the foreground and stopped at the end. It serves one object at
 - ``/capped/bucket/object.bin``: each request paced to ``--rate`` (an object store serves each
   connection at a fraction of the client's link). nginx's own ``limit_rate`` cannot do this for
   ranged reads: it grants every request one second of credit up front (``rate x (elapsed + 1)``),
-  so an 8 MiB range at 100 MB/s is never slowed. The pacing is ``access_by_lua_block``
-  (Debian's ``libnginx-mod-http-lua``) holding each request for ``length / rate`` seconds before
-  nginx sends it: a request completes when a stream at the cap would, its bytes arrive at the end
-  instead of spread over that time;
+  so an 8 MiB range at 100 MB/s is never slowed. The pacing is lua (Debian's
+  ``libnginx-mod-http-lua``): by default (``--pacing stream``) a ``content_by_lua_block`` sends
+  each reply 256 KiB at a time at the cap from its first byte, as an object store does; with
+  ``--pacing hold`` (sessions 1-14) an ``access_by_lua_block`` holds each request for ``length /
+  rate`` seconds and nginx then sends it at once, so a request completes when a stream at the
+  cap would, but its bytes arrive in one burst at the end (long ranges then end in bursts that
+  collide, and a slow connection cannot be told from a fast one until its end);
 - ``/slow/bucket/object.bin``: the same plus a first-byte delay (``--delay-ms``) per request.
 
 Where the OS has no nginx (the GPU machines), a bundle of this machine's nginx, lua module and
 shared libraries made by ``benchmarks/carry_nginx.sh`` runs instead, from ``.carry/nginx`` (or
-``$FERRIO_NGINX_BUNDLE``), through its own dynamic loader. Without either a threaded Python
-server stands in, streaming at the cap from the first byte (``os.sendfile`` in 256 KiB steps,
-paced), with the same per-request delay; the first line of the output says which server ran.
+``$FERRIO_NGINX_BUNDLE``), through its own dynamic loader. Without either, or with ``--server
+python``, a threaded Python server stands in, in ``--server-procs`` processes on one port,
+streaming at the cap from the first byte (``os.sendfile`` in 256 KiB steps, paced), with the
+same per-request delay: as an object store sends, so a slow connection shows while its body
+arrives. The first line of the output says which server ran.
 Path-style ``/capped/bucket/object.bin`` is also an S3 endpoint for boto3 (unsigned requests;
 the server ignores authentication).
 
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import http.server
 import json
 import os
@@ -73,11 +79,12 @@ def _client(name: str, url: str, size: int) -> int:
     if name.startswith("ferrio"):
         import ferrio
 
-        # `ferrio@NAME=VALUE` (or `ferrio-gpu@...`): ferrio with one setting changed.
-        name, _, setting = name.partition("@")
-        if setting:
-            key, _, value = setting.partition("=")
-            ferrio.config.set(**{key: value})
+        # `ferrio@NAME=VALUE+NAME=VALUE` (or `ferrio-gpu@...`): ferrio with settings changed
+        # (PYTHONPATH, another build of ferrio, was given to this process by `_run_client`).
+        name, _, settings = name.partition("@")
+        for key, value in _settings(settings):
+            if key != "PYTHONPATH":
+                ferrio.config.set(**{key: value})
         kw: dict[str, Any] = {}
         if name == "ferrio-64":
             kw = {"concurrency": 64}
@@ -207,13 +214,20 @@ def _available(name: str) -> str | None:
     return None
 
 
+def _settings(text: str) -> list[tuple[str, str]]:
+    """`NAME=VALUE+NAME=VALUE` as pairs."""
+    return [tuple(kv.split("=", 1)) for kv in text.split("+") if kv]  # type: ignore[misc]
+
+
 def _run_client(name: str, url: str, size: int, timeout: float) -> tuple[float, float] | str:
     """(GiB/s, CPU-s/GiB) of one fresh-process run, or why it failed."""
+    env = dict(os.environ)
+    env.update((k, v) for k, v in _settings(name.partition("@")[2]) if k == "PYTHONPATH")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         out = subprocess.run(
             [sys.executable, __file__, "--client", name, url, str(size)],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True, text=True, timeout=timeout, check=False, env=env,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         return f"timed out after {timeout:.0f}s"
@@ -279,6 +293,48 @@ PACE = """access_by_lua_block {
         end
     end
     ngx.sleep(delay + n / rate)
+}"""
+
+# Sends each reply itself, streamed at `rate` from its first byte (256 KiB at a time, each flushed
+# and then paced), after `delay`: as an object store sends, so a slow connection shows while its
+# body arrives. Ranges as nginx serves them (206 and Content-Range; 416 past the end), a fixed
+# ETag and Last-Modified, HEAD with the size. A client that goes away ends the reply.
+STREAM = """content_by_lua_block {
+    local prefix, root, rate, delay = "%s", "%s", %d, %f
+    local f = io.open(root .. string.sub(ngx.var.uri, #prefix + 1), "rb")
+    if not f then return ngx.exit(ngx.HTTP_NOT_FOUND) end
+    local size = f:seek("end")
+    local a, e = 0, size
+    ngx.header["ETag"] = '"paced-' .. size .. '"'
+    ngx.header["Last-Modified"] = "Mon, 23 Nov 2026 10:00:00 GMT"
+    ngx.header["Accept-Ranges"] = "bytes"
+    local x, y = string.match(ngx.var.http_range or "", "^bytes=(%%d+)-(%%d*)$")
+    if x then
+        a = tonumber(x)
+        if y ~= "" then e = math.min(tonumber(y) + 1, size) end
+        if a >= size then
+            f:close()
+            ngx.header["Content-Range"] = "bytes */" .. size
+            return ngx.exit(416)
+        end
+        ngx.status = 206
+        ngx.header["Content-Range"] = "bytes " .. a .. "-" .. (e - 1) .. "/" .. size
+    end
+    ngx.header["Content-Length"] = e - a
+    if ngx.req.get_method() == "HEAD" then f:close() return end
+    if delay > 0 then ngx.sleep(delay) end
+    f:seek("set", a)
+    ngx.update_time()
+    local began, sent, n = ngx.now(), 0, e - a
+    while sent < n do
+        local piece = f:read(math.min(262144, n - sent))
+        if not piece or not ngx.print(piece) or not ngx.flush(true) then break end
+        sent = sent + #piece
+        ngx.update_time()
+        local ahead = began + sent / rate - ngx.now()
+        if ahead > 0.001 then ngx.sleep(ahead) end
+    end
+    f:close()
 }"""
 
 # An S3 stand-in that takes uploads under /up/BUCKET/KEY, and /upslow/ with the first-byte delay
@@ -368,10 +424,17 @@ def _nginx_command() -> tuple[list[str], list[str], str]:
 
 
 @contextlib.contextmanager
-def _nginx(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, str]]:
+def _nginx(
+    root: Path, rate: int, delay_ms: int, pacing: str = "stream"
+) -> Iterator[tuple[str, str]]:
     nginx, modules, lua_path = _nginx_command()
     tmp = Path(tempfile.mkdtemp(prefix="ferrio-nginx-"))
     size = (root / "bucket" / "object.bin").stat().st_size
+    if pacing == "stream":
+        capped = STREAM % ("/capped", root, rate, 0.0)
+        slow = STREAM % ("/slow", root, rate, delay_ms / 1000)
+    else:
+        capped, slow = PACE % (size, rate, 0.0), PACE % (size, rate, delay_ms / 1000)
     conf = NGINX_CONF.format(
         workers=max(2, min(8, os.cpu_count() or 2)),
         tmp=tmp,
@@ -380,8 +443,8 @@ def _nginx(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, str]]:
         lua_path=lua_path,
         port=(port := _free_port()),
         root=root,
-        capped=PACE % (size, rate, 0.0),
-        slow=PACE % (size, rate, delay_ms / 1000),
+        capped=capped,
+        slow=slow,
         upload=UPLOAD % ("up", rate, 0.0),
         upload_slow=UPLOAD % ("upslow", rate, delay_ms / 1000),
     )
@@ -393,7 +456,8 @@ def _nginx(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, str]]:
     try:
         _wait_listening(port, proc, tmp / "error.log")
         bundled = " (bundled)" if lua_path else ""
-        how = f"nginx {_nginx_version(nginx)}{bundled}, each request paced to {rate} B/s (lua),"
+        how = f"nginx {_nginx_version(nginx)}{bundled}, each request paced to {rate} B/s (lua, "
+        how += "streamed from its first byte)," if pacing == "stream" else "held, then sent),"
         how += f" slow: +{delay_ms} ms before the first byte"
         yield f"http://127.0.0.1:{port}", how
     finally:
@@ -421,6 +485,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def handle(self) -> None:
+        # A client that has what it wants may close mid-body (ferrio stops a GET whose second
+        # half another GET took over): that ends the reply, quietly.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            super().handle()
 
     def _target(self) -> tuple[Path, int, float] | None:
         for prefix, rate, delay in [
@@ -485,21 +555,44 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         time.sleep(ahead)
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    # Every process of the server listens on the same port; the kernel spreads connections.
+    allow_reuse_port = True
+    daemon_threads = True
+    request_queue_size = 256
+
+
 @contextlib.contextmanager
-def _python_server(root: Path, rate: int, delay_ms: int) -> Iterator[tuple[str, str]]:
+def _python_server(
+    root: Path, rate: int, delay_ms: int, procs: int = 1
+) -> Iterator[tuple[str, str]]:
     handler = type("H", (_Handler,), {"root": root, "rate": rate, "delay": delay_ms / 1000})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    server.request_queue_size = 256
+    server = _Server(("127.0.0.1", 0), handler)
+    port = server.server_port
+    # More processes on the same port (SO_REUSEPORT), forked before any thread starts: one
+    # interpreter's lock cannot pace 64 streams at 100 MB/s.
+    children = []
+    for _ in range(procs - 1):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                server.server_close()
+                _Server(("127.0.0.1", port), handler).serve_forever()
+            finally:
+                os._exit(0)
+        children.append(pid)
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
     try:
-        how = f"Python threaded server (no nginx+lua), {rate} B/s per request, streamed;"
-        how += f" slow: +{delay_ms} ms before the first byte"
-        yield f"http://127.0.0.1:{server.server_port}", how
+        how = f"Python threaded server in {procs} processes (no nginx+lua), {rate} B/s per"
+        how += f" request, streamed from the first byte; slow: +{delay_ms} ms before it"
+        yield f"http://127.0.0.1:{port}", how
     finally:
         server.shutdown()
         server.server_close()
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -553,6 +646,19 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where the object lives (default: a temp dir)")
     ap.add_argument("--server", choices=["auto", "nginx", "python"], default="auto")
     ap.add_argument(
+        "--pacing",
+        choices=["stream", "hold"],
+        default="stream",
+        help="nginx: stream each reply at the cap (default), or hold it for its time, then send"
+        " it at once (sessions 1-14)",
+    )
+    ap.add_argument(
+        "--server-procs",
+        type=int,
+        default=min(os.cpu_count() or 1, 8),
+        help="processes of the Python server (default: the CPUs, at most 8)",
+    )
+    ap.add_argument(
         "--clients",
         default=",".join(HOST_CLIENTS),
         help="comma-separated; ferrio@NAME=VALUE (or ferrio-gpu@...) is ferrio with a setting",
@@ -573,7 +679,10 @@ def main() -> None:
     root = Path(a.dir or tempfile.mkdtemp(prefix="ferrio-remote-bench-"))
     _make_object(root, size)
     use_nginx = a.server == "nginx" or (a.server == "auto" and _have_nginx())
-    serve = _nginx if use_nginx else _python_server
+    if use_nginx:
+        serve = functools.partial(_nginx, pacing=a.pacing)
+    else:
+        serve = functools.partial(_python_server, procs=a.server_procs)
     clients = [c for c in a.clients.split(",") if c]
     if a.gpu:
         clients.append("ferrio-gpu")

@@ -476,11 +476,11 @@ pub const SETTINGS: &[SettingInfo] = &[
         name: "remote_max_range_size",
         env: "FERRIO_REMOTE_MAX_RANGE_SIZE",
         unit: "bytes",
-        default: "16 MiB",
-        doc: "longest ranged GET of a large remote object: its first GETs are up to this long \
-              (each a quarter of an even share of what is left among remote_concurrency GETs) and the last ones \
-              remote_range_size, so each GET's wait for its first byte is spread over more \
-              bytes; at or below remote_range_size every GET is remote_range_size",
+        default: "32 MiB",
+        doc: "longest ranged GET of a large remote object: a read is split into even shares \
+              among remote_concurrency GETs, each between remote_range_size and this, so each \
+              GET's wait for its first byte is spread over more bytes; at or below \
+              remote_range_size every GET is remote_range_size",
         get: |s| s.remote_max_range_size.to_string(),
         set: |s, v| {
             s.remote_max_range_size = size(v, 4096, "at least 4KiB")?;

@@ -7,7 +7,9 @@
 //! when the reply had an ETag). Those re-asks draw on the same budget as a request's retries: at
 //! most `remote_retries` of them, none started after `remote_retry_timeout` has passed since the
 //! range's first failure, so a server that sends a little and then stalls, again and again,
-//! fails within about that time rather than a multiple of it.
+//! fails within about that time rather than a multiple of it. The range is a [`Share`] of its
+//! read, whose end another GET may take over while the body arrives (`share.rs`): the GET then
+//! lands the bytes before that end and drops the rest of its body.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 
 use crate::error::{Error, Op, Result};
 
+use super::share::Share;
 use super::store;
 
 /// Where the bytes of a GET go, as they arrive ([`Pinned::fetch`]).
@@ -29,6 +32,12 @@ pub(crate) trait Landing: Send {
         at: u64,
         bytes: &'a [u8],
     ) -> impl std::future::Future<Output = Result<()>> + Send + 'a;
+
+    /// Called once the range has landed whole (up to its end as it stands then): what is held
+    /// back for more bytes (a pinned piece part full) goes on now.
+    fn range_done(&mut self) -> impl std::future::Future<Output = Result<()>> + Send + '_ {
+        std::future::ready(Ok(()))
+    }
 }
 
 /// The object a read is pinned to: where it is and which version of it.
@@ -98,23 +107,30 @@ impl Pinned {
         }
     }
 
-    /// Streams the object's bytes `range` (inside the object) to `land`, in order: each piece
-    /// of the body as it arrives, with the object offset of its first byte. Nothing is asked of
-    /// `land` before the server has answered, so memory that is scarce (pinned pieces) can be
-    /// taken there and held only while a body arrives, not while the server thinks. A body that
-    /// breaks off is asked again from where it stopped. An error of `land` ends the GET and is
-    /// returned.
-    pub(crate) async fn fetch(&self, range: Range<u64>, land: &mut impl Landing) -> Result<()> {
-        let mut at = range.start;
+    /// Streams the object's bytes of `share` (inside the object) to `land`, in order: each
+    /// piece of the body as it arrives, with the object offset of its first byte, up to the
+    /// share's end as it stands when the piece comes; then `land.range_done()`. Nothing is
+    /// asked of `land` before the server has answered, so memory that is scarce (pinned pieces)
+    /// can be taken there and held only while a body arrives, not while the server thinks. A
+    /// body that breaks off is asked again from where it stopped. An error of `land` ends the
+    /// GET and is returned.
+    pub(crate) async fn fetch(&self, share: &Share, land: &mut impl Landing) -> Result<()> {
+        let mut at = share.start();
         let mut body_failures = 0usize;
         let mut first_failure: Option<Instant> = None;
-        while at < range.end {
-            let want = at..range.end;
+        loop {
+            let end = share.end();
+            if at >= end {
+                break;
+            }
+            let want = at..end;
+            let asked = Instant::now();
             let got = self
                 .store
                 .get_opts(&self.path, self.options(want.clone()))
                 .await
                 .map_err(|e| self.read_err(&want, store::io_error(e)))?;
+            share.answered(at, asked.elapsed());
             if let Some(why) = self.replaced(&got.meta) {
                 return Err(self.read_err(&want, store::changed(&why)));
             }
@@ -132,7 +148,7 @@ impl Pinned {
             while let Some(piece) = body.next().await {
                 match piece {
                     Ok(bytes) => {
-                        if bytes.len() as u64 > range.end - at {
+                        if bytes.len() as u64 > want.end - at {
                             return Err(self.read_err(
                                 &want,
                                 std::io::Error::other(
@@ -140,8 +156,15 @@ impl Pinned {
                                 ),
                             ));
                         }
-                        land.land(at, &bytes).await?;
-                        at += bytes.len() as u64;
+                        let mine = share.claim(at, bytes.len());
+                        if mine > 0 {
+                            land.land(at, &bytes[..mine]).await?;
+                            at += mine as u64;
+                        }
+                        if mine < bytes.len() {
+                            // Another GET took the rest: this body is dropped here.
+                            break;
+                        }
                     }
                     Err(e) => {
                         broke = Some(e);
@@ -149,7 +172,7 @@ impl Pinned {
                     }
                 }
             }
-            if at < range.end {
+            if at < share.end() {
                 // The body broke off (or ended early): ask again for what is missing.
                 body_failures += 1;
                 let since = *first_failure.get_or_insert_with(Instant::now);
@@ -165,6 +188,6 @@ impl Pinned {
                 }
             }
         }
-        Ok(())
+        land.range_done().await
     }
 }

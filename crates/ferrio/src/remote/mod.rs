@@ -3,12 +3,13 @@
 //! [`RemoteWriter`] (`write.rs`).
 //!
 //! A remote object is another *source* for the same destinations as a [`crate::File`]: a read
-//! is planned into range tasks like a local read, long ones first and shorter ones last
-//! (`plan::split_guided`, between [`Settings::remote_max_range_size`] and
-//! [`Settings::remote_range_size`]), the tasks run as ranged GETs on one tokio runtime inside
-//! the library (`runtime.rs`), at most [`Settings::remote_concurrency`] at once per store (all
-//! objects of one bucket, container or server share the cap: `store::in_flight_cap`), and
-//! each body lands directly in its slice of the caller's memory; the same [`IoFuture`] reports
+//! is planned into even ranges (an equal share per GET in flight, between
+//! [`Settings::remote_range_size`] and [`Settings::remote_max_range_size`]), shared by as many
+//! GETs as the store lets run (`share.rs`: each takes range after range, and at the end free
+//! GETs take over the second halves of slow ones), which run on one tokio runtime inside the
+//! library (`runtime.rs`), at most [`Settings::remote_concurrency`] at once per store (all
+//! objects of one bucket, container or server share the cap: `store::in_flight_cap`); each
+//! body lands directly at its place in the caller's memory, and the same [`IoFuture`] reports
 //! the outcome. For GPU memory each body fills pinned pieces of the context's `PiecePool`
 //! (`bounce/pieces.rs`) instead, one after another, and one thread copies each piece to its
 //! place in device memory as soon as it is full, in any order, then gives it back once that
@@ -25,6 +26,7 @@
 mod fetch;
 mod list;
 mod runtime;
+mod share;
 mod store;
 mod write;
 
@@ -46,16 +48,17 @@ use crate::plan::{self, Task};
 use crate::pool::{Completion, IoFuture};
 
 use fetch::Landing;
+use share::{Next, Share, Shares};
 
 pub(crate) use list::{as_prefix, can_list, encode_key_part, is_plain_name, list_prefix_until};
 pub use list::{list_prefix, ListedObject};
 pub use store::is_remote_url;
 pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MAX_PARTS, MIN_PART_SIZE};
 
-/// A read's ranges are sized so that about this many are left for each GET in flight
-/// ([`RemoteFile::ranges`]): with one (a range per GET), the GETs that start last would end long
-/// after the others.
-const RANGES_PER_GET_IN_FLIGHT: usize = 4;
+/// How long a GET with nothing to take waits before it looks again for a range in flight worth
+/// splitting (`share.rs`): short against any range worth splitting, which has more than twice
+/// a reply's wait left to run.
+const STEAL_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Bytes every remote read of this process has received so far.
 static BYTES_READ: AtomicU64 = AtomicU64::new(0);
@@ -308,22 +311,19 @@ impl RemoteFile {
         self.inner.len.saturating_sub(offset).min(len as u64) as usize
     }
 
-    /// The ranged GETs of a read of `len` bytes at `offset` (guided, [`plan::split_guided`]):
-    /// each a quarter of an even share of what is left among the GETs in flight, between
-    /// [`Settings::remote_range_size`] and [`Settings::remote_max_range_size`]. A large object's
-    /// first GETs are long, so each one's wait for its first byte is spread over more bytes;
-    /// the last are short, so the GETs end together.
+    /// The ranged GETs of a read of `len` bytes at `offset`: even shares of the read among the
+    /// GETs in flight, each between [`Settings::remote_range_size`] and
+    /// [`Settings::remote_max_range_size`] long (the last takes what is left). Each GET waits
+    /// once for its first byte, so long ones waste less of a connection's time; the GETs that
+    /// end last are split by free ones (`share.rs`), so the read does not wait for them.
     fn ranges(&self, offset: u64, len: usize) -> Vec<Task> {
         let s = &self.inner.settings;
-        let parts = (RANGES_PER_GET_IN_FLIGHT * s.remote_concurrency.max(1)) as u64;
-        plan::split_guided(
-            offset,
-            len,
-            s.remote_range_size,
-            s.remote_max_range_size,
-            parts,
-            1,
-        )
+        let share = (len as u64).div_ceil(s.remote_concurrency.max(1) as u64);
+        let size = share.clamp(
+            s.remote_range_size.max(1),
+            s.remote_max_range_size.max(s.remote_range_size).max(1),
+        );
+        plan::split_guided(offset, len, size, size, 1, 1)
     }
 
     /// Reads `buf.io_len()` bytes at `offset` into `buf` with parallel ranged GETs; the future
@@ -383,57 +383,106 @@ impl RemoteFile {
         S: Fn(u64, &[u8]) -> Result<()> + Send + Sync + 'static,
     {
         let sink = Arc::new(sink);
-        let started = self.start_gets(offset, len, move |_, _| IntoSink(sink.clone()));
+        let started = self.start_gets(offset, len, move |_| IntoSink(sink.clone()));
         IoFuture::started(started, ())
     }
 
-    /// Plans the ranged GETs of a host read and spawns them on the runtime, each landing its
-    /// body where the landing `land_for(task, n)` says (`n`: the task's bytes inside the
-    /// object).
+    /// The shares of a read of the object's bytes `offset..offset+n` (all inside it): its
+    /// ranges ([`RemoteFile::ranges`]), and the halves of slow ones that GETs take over at the
+    /// end (`share.rs`).
+    fn shares(&self, offset: u64, n: usize) -> Arc<Shares> {
+        let ranges = self.ranges(offset, n);
+        // Halves of at least an eighth of a range (1 MiB at the defaults): the time a range
+        // has left, not its bytes, decides whether splitting it pays (`share.rs`).
+        let min_split = self.inner.settings.remote_range_size / 4;
+        Shares::new(
+            ranges.iter().map(|t| t.offset..t.offset + t.len as u64),
+            min_split,
+        )
+    }
+
+    /// GETs in flight for one read: the store's cap, or fewer for a read of fewer ranges.
+    fn gets_for(&self, shares: &Shares) -> usize {
+        self.inner
+            .settings
+            .remote_concurrency
+            .max(1)
+            .min(shares.planned())
+    }
+
+    /// Plans the ranged GETs of a host read and spawns them on the runtime: as many GETs as the
+    /// store lets run, each a task that takes range after range (`share.rs`) and lands each
+    /// body where the landing `land_for(share)` says.
     fn start_gets<L, F>(&self, offset: u64, len: usize, land_for: F) -> Result<Arc<Completion>>
     where
         L: Landing + 'static,
-        F: Fn(&Task, usize) -> L + Send + Sync + 'static,
+        F: Fn(&Share) -> L + Send + Sync + 'static,
     {
         offset
             .checked_add(len as u64)
             .ok_or_else(|| Error::InvalidArgument("range wraps around".into()))?;
-        let tasks = self.ranges(offset, len);
-        let completion = Completion::new(offset, len, tasks.len());
-        if tasks.is_empty() {
+        let n = self.available(offset, len);
+        // One task for the whole read: its GETs report to it, and it reports the read.
+        let task = Task {
+            offset,
+            len,
+            buf_offset: 0,
+        };
+        if n == 0 {
+            let completion = Completion::new(offset, len, 1);
+            completion.finish_task(&task, Some(Ok(0)));
             return Ok(completion);
         }
+        let completion = Completion::new(offset, len, 1);
         let (pinned, in_flight) = self.pinned()?;
         let handle = runtime::handle()?;
-        let end = self.inner.len;
+        let shares = self.shares(offset, n);
         let land_for = Arc::new(land_for);
-        for task in tasks {
-            let pinned = pinned.clone();
-            let completion = completion.clone();
-            let in_flight = in_flight.clone();
-            let land_for = land_for.clone();
-            handle.spawn(async move {
-                let _permit = in_flight.acquire_owned().await;
-                if completion.is_cancelled() {
-                    completion.finish_task(&task, None);
-                    return;
-                }
-                let n = end.saturating_sub(task.offset).min(task.len as u64) as usize;
-                let mut land = Counted {
-                    inner: land_for(&task, n),
-                    completion: &completion,
-                };
-                // A cancel (or another range's error) drops the GET in flight: what it landed
-                // stays where it is, and the request's result is the error or `Cancelled`.
-                let outcome = runtime::unless_cancelled(
-                    pinned.fetch(task.offset..task.offset + n as u64, &mut land),
-                    || completion.is_cancelled(),
-                )
-                .await
-                .map(|fetched| fetched.map(|()| n));
-                completion.finish_task(&task, outcome);
-            });
-        }
+        let gets = (0..self.gets_for(&shares))
+            .map(|_| {
+                let (pinned, in_flight) = (pinned.clone(), in_flight.clone());
+                let (shares, land_for) = (shares.clone(), land_for.clone());
+                let completion = completion.clone();
+                // Each GET is a task of its own, so that the runtime's threads share the work
+                // of receiving the bodies.
+                runtime::AbortOnDrop(handle.spawn(async move {
+                    loop {
+                        let permit = in_flight.acquire().await;
+                        let share = match shares.take() {
+                            Next::Range(share) => share,
+                            Next::Later => {
+                                drop(permit);
+                                tokio::time::sleep(STEAL_POLL).await;
+                                continue;
+                            }
+                            Next::Done => return Ok(()),
+                        };
+                        let mut land = Counted {
+                            inner: land_for(&share),
+                            completion: &completion,
+                        };
+                        pinned.fetch(&share, &mut land).await?;
+                    }
+                }))
+            })
+            .collect::<futures::stream::FuturesUnordered<_>>();
+        let done = completion.clone();
+        handle.spawn(async move {
+            // A cancel, or the first error, drops `gets`, which stops every GET in flight:
+            // what they landed stays where it is.
+            let outcome = runtime::unless_cancelled(
+                async move {
+                    let mut gets = gets;
+                    while let Some(got) = gets.next().await {
+                        got?;
+                    }
+                    Ok(n)
+                },
+                || done.is_cancelled(),
+            )
+            .await;
+            done.finish_task(&task, outcome);
+        });
         Ok(completion)
     }
 
@@ -443,10 +492,10 @@ impl RemoteFile {
     /// As [`RemoteFile::pread_raw`].
     unsafe fn start_read(&self, ptr: *mut u8, len: usize, offset: u64) -> Result<Arc<Completion>> {
         let ptr = SendPtr(ptr);
-        self.start_gets(offset, len, move |task, n| IntoMemory {
-            at: SendPtr(ptr.get().wrapping_add(task.buf_offset)),
-            start: task.offset,
-            len: n,
+        self.start_gets(offset, len, move |_| IntoMemory {
+            read: SendPtr(ptr.get()),
+            offset,
+            len,
         })
     }
 
@@ -546,50 +595,54 @@ impl RemoteFile {
             buf_offset: 0,
         };
         let completion = Completion::new(offset, len, 1);
-        let ranges = self.ranges(offset, n);
+        let shares = self.shares(offset, n);
         let ahead = self.inner.settings.remote_concurrency.max(1);
         // Pinned memory stays near `ahead` pieces (GETs filling, pieces handed over, copies
         // running), kept in the pool for the next read; a GET holds at most one piece at a time.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(Task, Piece<E>)>>(ahead);
-        let producer = {
-            let spawner = handle.clone();
-            let pool = pool.clone();
-            async move {
+        let mut gets = (0..self.gets_for(&shares))
+            .map(|_| {
+                let (pinned, in_flight) = (pinned.clone(), in_flight.clone());
+                let (shares, pool, tx) = (shares.clone(), pool.clone(), tx.clone());
                 // Each GET is a task of its own, so that the runtime's threads share the work of
-                // receiving the bodies; each hands over its pieces as they fill, and dropping the
-                // stream (a cancel, an error) aborts those still running, whose pieces go back.
-                let mut gets = futures::stream::iter(ranges)
-                    .map(|r| {
-                        let pinned = pinned.clone();
-                        let in_flight = in_flight.clone();
-                        let pool = pool.clone();
-                        let tx = tx.clone();
-                        runtime::AbortOnDrop(spawner.spawn(async move {
-                            // The store's permit (GPU and host reads share the cap), then the
-                            // request; a piece only once the body comes, so that pieces are
-                            // held while bodies arrive, not while the server thinks (the first
-                            // read pins its pieces meanwhile, and a fast body gives its piece
-                            // back before a new one could be pinned). No circle: a GET holding
-                            // a piece waits for nothing but its body, and a landed piece goes
-                            // back once copied.
-                            let _permit = in_flight.acquire_owned().await;
-                            let mut land = IntoPieces {
-                                range: r,
-                                pool,
-                                most: ahead,
-                                landed: tx,
-                                filling: None,
-                            };
-                            pinned.fetch(r.offset..r.end(), &mut land).await
-                        }))
-                    })
-                    .buffer_unordered(ahead);
-                while let Some(got) = gets.next().await {
-                    if let Err(e) = got {
-                        // The first error stops the copies and, by dropping `gets`, the GETs.
-                        let _ = tx.send(Err(e)).await;
-                        return;
+                // receiving the bodies; each hands over its pieces as they fill, and dropping
+                // `gets` (a cancel, an error) aborts those still running, whose pieces go back.
+                runtime::AbortOnDrop(handle.spawn(async move {
+                    loop {
+                        // The store's permit (GPU and host reads share the cap), then the
+                        // request; a piece only once the body comes, so that pieces are held
+                        // while bodies arrive, not while the server thinks (the first read pins
+                        // its pieces meanwhile, and a fast body gives its piece back before a
+                        // new one could be pinned). No circle: a GET holding a piece waits for
+                        // nothing but its body, and a landed piece goes back once copied.
+                        let permit = in_flight.acquire().await;
+                        let share = match shares.take() {
+                            Next::Range(share) => share,
+                            Next::Later => {
+                                drop(permit);
+                                tokio::time::sleep(STEAL_POLL).await;
+                                continue;
+                            }
+                            Next::Done => return Ok(()),
+                        };
+                        let mut land = IntoPieces {
+                            read_offset: offset,
+                            pool: pool.clone(),
+                            most: ahead,
+                            landed: tx.clone(),
+                            filling: None,
+                        };
+                        pinned.fetch(&share, &mut land).await?;
                     }
+                }))
+            })
+            .collect::<futures::stream::FuturesUnordered<_>>();
+        let producer = async move {
+            while let Some(got) = gets.next().await {
+                if let Err(e) = got {
+                    // The first error stops the copies and, by dropping `gets`, the GETs.
+                    let _ = tx.send(Err(e)).await;
+                    return;
                 }
             }
         };
@@ -671,12 +724,12 @@ unsafe fn copy_landed<E: CopyEngine>(
     stopped.and_then(|n| finished.map(|()| n))
 }
 
-/// A host read's GET: the body lands in its slice of the caller's memory.
+/// A host read's GET: the body lands at its place in the caller's memory.
 struct IntoMemory {
-    /// The slice's first byte, which holds the object's byte `start`.
-    at: SendPtr,
-    start: u64,
-    /// The slice's length.
+    /// The read's first byte, which holds the object's byte `offset`.
+    read: SendPtr,
+    offset: u64,
+    /// The read's length.
     len: usize,
 }
 
@@ -686,14 +739,15 @@ impl Landing for IntoMemory {
         at: u64,
         bytes: &'a [u8],
     ) -> impl std::future::Future<Output = Result<()>> + Send + 'a {
-        // `fetch` hands over only bytes of the range asked for, which the slice holds.
-        let from = (at - self.start) as usize;
+        // `fetch` hands over only bytes its share has claimed, which lie inside the read.
+        let from = (at - self.offset) as usize;
         debug_assert!(from + bytes.len() <= self.len);
-        // SAFETY: the slice `at..at+len` is this GET's own part of the caller's memory (the
-        // tasks do not overlap), valid and unaliased until the request's future resolves, which
-        // is after this GET has reported (`pread_raw`'s contract); `from + bytes.len() <= len`.
+        // SAFETY: `from..from+len` lies in the read's memory and was claimed by this GET alone
+        // (`Share::claim`: no two GETs claim a byte), and that memory stays valid and unaliased
+        // until the request's future resolves, which is after every GET has stopped
+        // (`pread_raw`'s contract).
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.at.get().add(from), bytes.len());
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.read.get().add(from), bytes.len());
         }
         std::future::ready(Ok(()))
     }
@@ -734,16 +788,27 @@ impl<L: Landing> Landing for Counted<'_, L> {
 }
 
 /// A device read's GET: the body fills pinned pieces taken as the bytes come, each handed to
-/// the copies as soon as it is full or the range has ended.
+/// the copies as soon as it is full or the GET's range has landed.
 struct IntoPieces<E: CopyEngine> {
-    /// The GET's range, placed in the read.
-    range: Task,
+    /// The object offset of the read's first byte (its place in device memory).
+    read_offset: u64,
     pool: Arc<PiecePool<E>>,
     /// Most pieces the pool makes for this read ([`PiecePool::take`]).
     most: usize,
     landed: tokio::sync::mpsc::Sender<Result<(Task, Piece<E>)>>,
     /// The piece being filled, and what of the read it holds so far.
     filling: Option<(Task, Piece<E>)>,
+}
+
+impl<E: CopyEngine> IntoPieces<E> {
+    /// Hands a piece over to the copies.
+    async fn hand_over(&mut self, part: Task, piece: Piece<E>) -> Result<()> {
+        if self.landed.send(Ok((part, piece))).await.is_err() {
+            // The copies stopped (an error, a cancel).
+            return Err(Error::Cancelled);
+        }
+        Ok(())
+    }
 }
 
 impl<E> Landing for IntoPieces<E>
@@ -759,11 +824,10 @@ where
                 Some(filling) => filling,
                 None => {
                     let piece = self.pool.take(self.most).await?;
-                    let buf_offset = self.range.buf_offset + (at - self.range.offset) as usize;
                     let part = Task {
                         offset: at,
                         len: 0,
-                        buf_offset,
+                        buf_offset: (at - self.read_offset) as usize,
                     };
                     (part, piece)
                 }
@@ -771,18 +835,23 @@ where
             let room = &mut piece.bytes_mut()[part.len..];
             let n = room.len().min(bytes.len());
             room[..n].copy_from_slice(&bytes[..n]);
-            let full = n == room.len();
             part.len += n;
             at += n as u64;
             bytes = &bytes[n..];
-            if !full && at < self.range.end() {
+            if part.len < piece.bytes_mut().len() {
                 self.filling = Some((part, piece));
-            } else if self.landed.send(Ok((part, piece))).await.is_err() {
-                // The copies stopped (an error, a cancel).
-                return Err(Error::Cancelled);
+            } else {
+                self.hand_over(part, piece).await?;
             }
         }
         Ok(())
+    }
+
+    async fn range_done(&mut self) -> Result<()> {
+        match self.filling.take() {
+            Some((part, piece)) => self.hand_over(part, piece).await,
+            None => Ok(()),
+        }
     }
 }
 

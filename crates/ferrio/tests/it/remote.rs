@@ -1,6 +1,7 @@
 //! `RemoteFile` against a tiny HTTP server on 127.0.0.1 (std only, one thread per connection,
 //! `Connection: close`): ranged reads byte for byte, reads past the end, a missing object, a
-//! malformed URL, a server that ignores `Range`, and an object replaced between requests; a
+//! malformed URL, a server that ignores `Range`, an object replaced between requests, and a
+//! range that crawls (its second half is taken over by another GET, host and GPU reads); a
 //! cancel that stops GETs in flight; downloads with `ferrio::copy` (complete or no file); GPU
 //! reads through pinned pieces on the emulated device (ranges copied as they land, pieces kept
 //! and capped, never refilled under a copy, failures and cancels).
@@ -37,6 +38,12 @@ struct Object {
     body_pause_ms: AtomicU64,
     /// (range start, milliseconds): GETs of a range starting there wait that much longer.
     delay_at: Mutex<Vec<(usize, u64)>>,
+    /// (range start, milliseconds): GETs of a range starting there send their body 16 KiB at a
+    /// time with that pause between pieces.
+    crawl_at: Mutex<Vec<(usize, u64)>>,
+    /// (range start, bytes): how much of its body each crawling GET sent before it ended or
+    /// its client went away.
+    crawled: Mutex<Vec<(usize, usize)>>,
     /// GETs being answered now, and the most there ever were at once.
     active: AtomicUsize,
     most_active: AtomicUsize,
@@ -75,6 +82,8 @@ fn serve(body: Vec<u8>) -> Server {
         delay_ms: AtomicU64::new(0),
         body_pause_ms: AtomicU64::new(0),
         delay_at: Mutex::new(Vec::new()),
+        crawl_at: Mutex::new(Vec::new()),
+        crawled: Mutex::new(Vec::new()),
         active: AtomicUsize::new(0),
         most_active: AtomicUsize::new(0),
     });
@@ -175,6 +184,26 @@ fn answer(conn: TcpStream, object: &Object) -> std::io::Result<()> {
             let b = b.min(body.len() - 1);
             let extra = format!("Content-Range: bytes {a}-{b}/{}\r\n", body.len());
             let reply = head("206 Partial Content", b + 1 - a, &etag, &extra);
+            let crawl = object
+                .crawl_at
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|c| c.0 == a)
+                .map(|c| c.1);
+            if let Some(ms) = crawl {
+                conn.write_all(reply.as_bytes())?;
+                let mut sent = 0;
+                for piece in body[a..=b].chunks(16 << 10) {
+                    if conn.write_all(piece).and_then(|()| conn.flush()).is_err() {
+                        break;
+                    }
+                    sent += piece.len();
+                    std::thread::sleep(Duration::from_millis(ms));
+                }
+                object.crawled.lock().unwrap().push((a, sent));
+                return Ok(());
+            }
             let pause = Duration::from_millis(object.body_pause_ms.load(Ordering::Relaxed));
             if !pause.is_zero() {
                 let half = (b + 1 - a) / 2;
@@ -228,9 +257,11 @@ impl Drop for Active<'_> {
     }
 }
 
+/// Every GET 64 KiB, 4 in flight.
 fn small_ranges() -> Settings {
     let mut s = Settings::default();
     s.set("remote_range_size", "64KiB").unwrap();
+    s.set("remote_max_range_size", "64KiB").unwrap();
     s.set("remote_concurrency", "4").unwrap();
     s
 }
@@ -258,27 +289,46 @@ fn ranged_reads_are_byte_identical() {
     assert_eq!(buf, &body[100..4196]);
 }
 
-/// The lengths of the ranges `object` was asked for, in the object's order, checked to cover
-/// `0..len` exactly once; the log is emptied.
+/// The lengths of the ranges planned for a read of `object` (those it was asked for, less the
+/// second halves that free GETs took over inside them), in the object's order, checked to
+/// cover `0..len` exactly once; the log is emptied.
 #[track_caller]
 fn ranges_asked(object: &Object, len: usize) -> Vec<usize> {
+    ranges_asked_in(object, 0..len)
+}
+
+/// [`ranges_asked`] for a read of the object's bytes `span`.
+#[track_caller]
+fn ranges_asked_in(object: &Object, span: std::ops::Range<usize>) -> Vec<usize> {
+    let len = span.end;
     let mut asked = std::mem::take(&mut *object.asked.lock().unwrap());
     asked.sort_unstable();
-    let mut next = 0;
+    let mut planned = Vec::new();
+    let mut next = span.start;
     for &(first, last) in &asked {
-        assert_eq!(first, next, "ranges without a gap or an overlap: {asked:?}");
+        if first < next {
+            // A half taken over: it starts inside a planned range and ends with it.
+            assert!(
+                last < next,
+                "a taken-over half ends inside its range: {asked:?}"
+            );
+            continue;
+        }
+        assert_eq!(first, next, "ranges without a gap: {asked:?}");
+        planned.push(last + 1 - first);
         next = last + 1;
     }
-    assert_eq!(next, len, "ranges to the object's end");
-    asked.iter().map(|(first, last)| last + 1 - first).collect()
+    assert_eq!(next, len, "ranges to the read's end");
+    planned
 }
 
 #[test]
-fn large_reads_ask_long_ranges_first_and_short_ones_last() {
+fn reads_ask_even_ranges_between_the_shortest_and_the_longest() {
     const KIB: usize = 1 << 10;
-    let body = data((8 << 20) + 77);
+    let body = data((2 << 20) + 77);
     let server = serve(body.clone());
-    // 64 KiB to 256 KiB ranges, 4 in flight: a range is a sixteenth of what is left.
+    // Ranges of 64 KiB to 256 KiB, 4 in flight: 2 MiB is eight of the longest, and a last one
+    // takes the 77 bytes left.
     let mut s = small_ranges();
     s.set("remote_max_range_size", "256KiB").unwrap();
     let f = RemoteFile::open_with(&server.url, s.clone()).unwrap();
@@ -298,26 +348,22 @@ fn large_reads_ask_long_ranges_first_and_short_ones_last() {
     assert_eq!(device.violations(), Vec::<String>::new());
     let gpu = ranges_asked(&server.object, body.len());
     assert_eq!(host, gpu, "host and device reads ask the same ranges");
-    assert_eq!(host[0], 256 * KIB, "the first ranges are the longest");
-    let last = host[host.len() - 1];
-    assert!(
-        (64 * KIB..128 * KIB).contains(&last),
-        "the last is short: {last}"
-    );
-    assert!(
-        host[..host.len() - 1].windows(2).all(|w| w[1] <= w[0]),
-        "never longer than the one before, but for the last, which takes the rest: {host:?}"
-    );
-    // Fewer GETs than with the shortest ranges alone (129), more than with the longest (33).
-    assert!((34..129).contains(&host.len()), "{} ranges", host.len());
+    let mut expected = vec![256 * KIB; 8];
+    expected.push(77);
+    assert_eq!(host, expected);
+    // A read shorter than four of the longest: an even share each, 4 GETs of 200 KiB.
+    let mut buf = vec![0u8; 800 * KIB];
+    assert_eq!(f.read_at(&mut buf, 1000).unwrap(), buf.len());
+    assert!(buf == body[1000..1000 + buf.len()]);
+    let lens = ranges_asked_in(&server.object, 1000..1000 + buf.len());
+    assert_eq!(lens, vec![200 * KIB; 4]);
     // With the longest no longer than the shortest, every range is that long.
     s.set("remote_max_range_size", "64KiB").unwrap();
     let f = RemoteFile::open_with(&server.url, s).unwrap();
-    server.object.asked.lock().unwrap().clear();
     assert_bytes_eq(&f.read_all().unwrap(), &body, "fixed ranges");
     let fixed = ranges_asked(&server.object, body.len());
-    assert_eq!(fixed.len(), 129);
-    assert!(fixed[..128].iter().all(|&n| n == 64 * KIB));
+    assert_eq!(fixed.len(), 33);
+    assert!(fixed[..32].iter().all(|&n| n == 64 * KIB));
 }
 
 #[test]
@@ -359,6 +405,46 @@ fn streamed_reads_hand_every_byte_over_once_and_stop_at_the_sinks_error() {
     std::thread::sleep(Duration::from_millis(100));
     let gets = server.object.gets.load(Ordering::Relaxed);
     assert!(gets < 32, "{gets} GETs after the sink failed");
+}
+
+#[test]
+fn a_crawling_range_is_split_and_its_second_half_fetched_by_another_get() {
+    let len = 8 << 20;
+    let body = data(len);
+    let server = serve(body.clone());
+    // The first 1 MiB range crawls at 16 KiB per 5 ms (about 3 MB/s, a third of a second);
+    // the other seven come at once.
+    server.object.crawl_at.lock().unwrap().push((0, 5));
+    let mut s = Settings::default();
+    s.set("remote_range_size", "1MiB").unwrap();
+    s.set("remote_max_range_size", "1MiB").unwrap();
+    s.set("remote_concurrency", "4").unwrap();
+    let f = RemoteFile::open_with(&server.url, s).unwrap();
+    let mut buf = vec![0u8; len];
+    assert_eq!(f.read_at(&mut buf, 0).unwrap(), len);
+    assert_bytes_eq(&buf, &body, "a read with a crawling range");
+    // Free GETs took the crawling range's second half (and perhaps halves of that): GETs
+    // started inside it, and the crawling GET stopped before its end.
+    let asked = server.object.asked.lock().unwrap().clone();
+    let inside: Vec<_> = asked.iter().filter(|r| r.0 > 0 && r.0 < 1 << 20).collect();
+    assert!(
+        !inside.is_empty(),
+        "no GET took over part of the slow range: {asked:?}"
+    );
+    // Its reply ends once the client has dropped the body (the next write fails).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let crawled = loop {
+        let c = server.object.crawled.lock().unwrap().clone();
+        if c.iter().any(|&(a, _)| a == 0) || Instant::now() > deadline {
+            break c;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let first = crawled.iter().find(|&&(a, _)| a == 0).map(|&(_, n)| n);
+    assert!(
+        first.is_some_and(|n| n < 1 << 20),
+        "the crawling GET sent {first:?} bytes of its 1 MiB: {crawled:?}"
+    );
 }
 
 #[test]
@@ -728,6 +814,32 @@ fn gpu_reads_land_every_range_in_place_as_ranges_finish() {
     assert_pieces_come_back(&small);
     assert_eq!(device.violations(), Vec::<String>::new());
     assert_pieces_come_back(&pool);
+}
+
+#[test]
+fn gpu_reads_split_a_crawling_range_and_land_both_halves_in_place() {
+    let len = (4 << 20) + 4321;
+    let body = data(len);
+    let server = serve(body.clone());
+    server.object.crawl_at.lock().unwrap().push((0, 5));
+    let mut s = Settings::default();
+    s.set("remote_range_size", "1MiB").unwrap();
+    s.set("remote_max_range_size", "1MiB").unwrap();
+    s.set("remote_concurrency", "4").unwrap();
+    let f = RemoteFile::open_with(&server.url, s).unwrap();
+    let device = EmulatedDevice::default();
+    // Pieces that do not divide the ranges or their halves: a piece cut short by a split goes
+    // over part full.
+    let pool = piece_pool(&device, 100_000, u64::MAX);
+    let mem = EmuMem::new(&device, len);
+    assert_eq!(start_gpu_read(&f, &pool, &mem, 0).wait().unwrap(), len);
+    assert_bytes_eq(&mem.read(), &body, "a GPU read with a crawling range");
+    let asked = server.object.asked.lock().unwrap().clone();
+    assert!(
+        asked.iter().any(|r| r.0 > 0 && r.0 < 1 << 20),
+        "no GET took over part of the slow range: {asked:?}"
+    );
+    assert_settled(&device, &pool);
 }
 
 #[test]
