@@ -446,23 +446,14 @@ impl RemoteFile {
                 // Each GET is a task of its own, so that the runtime's threads share the work
                 // of receiving the bodies.
                 runtime::AbortOnDrop(handle.spawn(async move {
-                    loop {
-                        let permit = in_flight.acquire().await;
-                        let share = match shares.take() {
-                            Next::Range(share) => share,
-                            Next::Later => {
-                                drop(permit);
-                                tokio::time::sleep(STEAL_POLL).await;
-                                continue;
-                            }
-                            Next::Done => return Ok(()),
-                        };
+                    while let Some((share, _permit)) = next_share(&shares, &in_flight).await {
                         let mut land = Counted {
                             inner: land_for(&share),
                             completion: &completion,
                         };
                         pinned.fetch(&share, &mut land).await?;
                     }
+                    Ok(())
                 }))
             })
             .collect::<futures::stream::FuturesUnordered<_>>();
@@ -608,23 +599,13 @@ impl RemoteFile {
                 // receiving the bodies; each hands over its pieces as they fill, and dropping
                 // `gets` (a cancel, an error) aborts those still running, whose pieces go back.
                 runtime::AbortOnDrop(handle.spawn(async move {
-                    loop {
-                        // The store's permit (GPU and host reads share the cap), then the
-                        // request; a piece only once the body comes, so that pieces are held
-                        // while bodies arrive, not while the server thinks (the first read pins
-                        // its pieces meanwhile, and a fast body gives its piece back before a
-                        // new one could be pinned). No circle: a GET holding a piece waits for
-                        // nothing but its body, and a landed piece goes back once copied.
-                        let permit = in_flight.acquire().await;
-                        let share = match shares.take() {
-                            Next::Range(share) => share,
-                            Next::Later => {
-                                drop(permit);
-                                tokio::time::sleep(STEAL_POLL).await;
-                                continue;
-                            }
-                            Next::Done => return Ok(()),
-                        };
+                    // The store's permit (GPU and host reads share the cap), then the request;
+                    // a piece only once the body comes, so that pieces are held while bodies
+                    // arrive, not while the server thinks (the first read pins its pieces
+                    // meanwhile, and a fast body gives its piece back before a new one could
+                    // be pinned). No circle: a GET holding a piece waits for nothing but its
+                    // body, and a landed piece goes back once copied.
+                    while let Some((share, _permit)) = next_share(&shares, &in_flight).await {
                         let mut land = IntoPieces {
                             read_offset: offset,
                             pool: pool.clone(),
@@ -634,6 +615,7 @@ impl RemoteFile {
                         };
                         pinned.fetch(&share, &mut land).await?;
                     }
+                    Ok(())
                 }))
             })
             .collect::<futures::stream::FuturesUnordered<_>>();
@@ -665,6 +647,27 @@ impl RemoteFile {
             done.finish_task(&task, outcome);
         });
         Ok(completion)
+    }
+}
+
+/// The next range for one of a read's GETs, with the store's permit to fetch it (held while
+/// the GET runs); `None` once nothing is left for this GET. While a range in flight may yet be
+/// worth splitting it looks again every [`STEAL_POLL`], holding no permit in between.
+async fn next_share<'s>(
+    shares: &Arc<Shares>,
+    in_flight: &'s Semaphore,
+) -> Option<(Share, Option<tokio::sync::SemaphorePermit<'s>>)> {
+    loop {
+        // The cap is never closed; were it, the GETs would run uncapped rather than stop.
+        let permit = in_flight.acquire().await.ok();
+        match shares.take() {
+            Next::Range(share) => return Some((share, permit)),
+            Next::Later => {
+                drop(permit);
+                tokio::time::sleep(STEAL_POLL).await;
+            }
+            Next::Done => return None,
+        }
     }
 }
 

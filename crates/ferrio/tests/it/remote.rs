@@ -407,19 +407,26 @@ fn streamed_reads_hand_every_byte_over_once_and_stop_at_the_sinks_error() {
     assert!(gets < 32, "{gets} GETs after the sink failed");
 }
 
-#[test]
-fn a_crawling_range_is_split_and_its_second_half_fetched_by_another_get() {
-    let len = 8 << 20;
-    let body = data(len);
-    let server = serve(body.clone());
-    // The first 1 MiB range crawls at 16 KiB per 5 ms (about 3 MB/s, a third of a second);
-    // the other seven come at once.
+/// `body` served in 1 MiB ranges, 4 in flight, the first of which crawls (16 KiB per 5 ms),
+/// and the object opened so.
+fn serve_crawling_first_range(body: Vec<u8>) -> (Server, RemoteFile) {
+    let server = serve(body);
     server.object.crawl_at.lock().unwrap().push((0, 5));
     let mut s = Settings::default();
     s.set("remote_range_size", "1MiB").unwrap();
     s.set("remote_max_range_size", "1MiB").unwrap();
     s.set("remote_concurrency", "4").unwrap();
     let f = RemoteFile::open_with(&server.url, s).unwrap();
+    (server, f)
+}
+
+#[test]
+fn a_crawling_range_is_split_and_its_second_half_fetched_by_another_get() {
+    let len = 8 << 20;
+    let body = data(len);
+    // The first 1 MiB range crawls at 16 KiB per 5 ms (about 3 MB/s, a third of a second);
+    // the other seven come at once.
+    let (server, f) = serve_crawling_first_range(body.clone());
     let mut buf = vec![0u8; len];
     assert_eq!(f.read_at(&mut buf, 0).unwrap(), len);
     assert_bytes_eq(&buf, &body, "a read with a crawling range");
@@ -820,13 +827,7 @@ fn gpu_reads_land_every_range_in_place_as_ranges_finish() {
 fn gpu_reads_split_a_crawling_range_and_land_both_halves_in_place() {
     let len = (4 << 20) + 4321;
     let body = data(len);
-    let server = serve(body.clone());
-    server.object.crawl_at.lock().unwrap().push((0, 5));
-    let mut s = Settings::default();
-    s.set("remote_range_size", "1MiB").unwrap();
-    s.set("remote_max_range_size", "1MiB").unwrap();
-    s.set("remote_concurrency", "4").unwrap();
-    let f = RemoteFile::open_with(&server.url, s).unwrap();
+    let (server, f) = serve_crawling_first_range(body.clone());
     let device = EmulatedDevice::default();
     // Pieces that do not divide the ranges or their halves: a piece cut short by a split goes
     // over part full.
