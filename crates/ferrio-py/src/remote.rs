@@ -121,7 +121,7 @@ pub(crate) struct ObjectOptions {
 
 impl ObjectOptions {
     /// The settings in force with these options. A range size given for one object is the size
-    /// of each of its GETs, as its name says: the shortest and the longest of the guided ranges.
+    /// of each of its GETs, as its name says: the shortest and the longest of the even ranges.
     fn settings(&self) -> PyResult<Settings> {
         let mut settings = Settings::current();
         let given = [
