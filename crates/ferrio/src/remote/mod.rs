@@ -442,10 +442,12 @@ impl RemoteFile {
             .map(|_| {
                 let (pinned, in_flight) = (pinned.clone(), in_flight.clone());
                 let (shares, land_for) = (shares.clone(), land_for.clone());
-                let completion = completion.clone();
+                let (completion, cancel) = (completion.clone(), completion.clone());
                 // Each GET is a task of its own, so that the runtime's threads share the work
-                // of receiving the bodies.
-                runtime::AbortOnDrop(handle.spawn(async move {
+                // of receiving the bodies. A cancel (the caller's, or the first error's) drops
+                // the GET in flight inside its own task, so no body lands once the task ends:
+                // what landed stays where it is.
+                let gets = async move {
                     while let Some((share, _permit)) = next_share(&shares, &in_flight).await {
                         let mut land = Counted {
                             inner: land_for(&share),
@@ -454,24 +456,35 @@ impl RemoteFile {
                         pinned.fetch(&share, &mut land).await?;
                     }
                     Ok(())
+                };
+                runtime::AbortOnDrop(handle.spawn(async move {
+                    runtime::unless_cancelled(gets, || cancel.is_cancelled())
+                        .await
+                        .unwrap_or(Err(Error::Cancelled))
                 }))
             })
             .collect::<futures::stream::FuturesUnordered<_>>();
         let done = completion.clone();
         handle.spawn(async move {
-            // A cancel, or the first error, drops `gets`, which stops every GET in flight:
-            // what they landed stays where it is.
-            let outcome = runtime::unless_cancelled(
-                async move {
-                    let mut gets = gets;
-                    while let Some(got) = gets.next().await {
-                        got?;
+            // The read reports only once every GET task has ended, so none writes to the
+            // caller's memory (or sink) after it: the first error cancels the others.
+            let mut gets = gets;
+            let mut failed = None;
+            while let Some(got) = gets.next().await {
+                match got {
+                    Ok(()) => {}
+                    Err(Error::Cancelled) if done.is_cancelled() => {}
+                    Err(e) => {
+                        done.cancel();
+                        failed.get_or_insert(e);
                     }
-                    Ok(n)
-                },
-                || done.is_cancelled(),
-            )
-            .await;
+                }
+            }
+            let outcome = match failed {
+                Some(e) => Some(Err(e)),
+                None if done.is_cancelled() => None,
+                None => Some(Ok(n)),
+            };
             done.finish_task(&task, outcome);
         });
         Ok(completion)

@@ -2,6 +2,7 @@
 //! `Connection: close`): ranged reads byte for byte, reads past the end, a missing object, a
 //! malformed URL, a server that ignores `Range`, an object replaced between requests, and a
 //! range that crawls (its second half is taken over by another GET, host and GPU reads); a
+//! failed or cancelled read that reports only once none of its GETs lands any more; a
 //! cancel that stops GETs in flight; downloads with `ferrio::copy` (complete or no file); GPU
 //! reads through pinned pieces on the emulated device (ranges copied as they land, pieces kept
 //! and capped, never refilled under a copy, failures and cancels).
@@ -364,6 +365,53 @@ fn reads_ask_even_ranges_between_the_shortest_and_the_longest() {
     let fixed = ranges_asked(&server.object, body.len());
     assert_eq!(fixed.len(), 33);
     assert!(fixed[..32].iter().all(|&n| n == 64 * KIB));
+}
+
+#[test]
+fn a_failed_or_cancelled_read_reports_only_once_no_get_lands_any_more() {
+    let body = data(1 << 20);
+    let server = serve(body.clone());
+    let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+    // The fourth GET finds the object replaced (412) while the first three are landing, each
+    // piece in a sink that takes 20 ms.
+    server.object.replace_after.store(3, Ordering::Relaxed);
+    let reported = Arc::new(AtomicBool::new(false));
+    let late = Arc::new(AtomicUsize::new(0));
+    let sink = {
+        let (reported, late) = (reported.clone(), late.clone());
+        move |_: u64, _: &[u8]| {
+            std::thread::sleep(Duration::from_millis(20));
+            if reported.load(Ordering::SeqCst) {
+                late.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        }
+    };
+    let err = f.read_to(0, body.len(), sink.clone()).wait().unwrap_err();
+    reported.store(true, Ordering::SeqCst);
+    assert!(err.to_string().contains(&server.url), "{err}");
+    // Whatever was still landing when the read failed finished before it reported.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        late.load(Ordering::SeqCst),
+        0,
+        "pieces landed after the read reported"
+    );
+    // The same for a read cancelled while its GETs land.
+    let server = serve(body.clone());
+    let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+    reported.store(false, Ordering::SeqCst);
+    let fut = f.read_to(0, body.len(), sink);
+    std::thread::sleep(Duration::from_millis(50));
+    fut.cancel();
+    assert!(matches!(fut.wait(), Err(Error::Cancelled)));
+    reported.store(true, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        late.load(Ordering::SeqCst),
+        0,
+        "pieces landed after the cancel reported"
+    );
 }
 
 #[test]
