@@ -428,47 +428,21 @@ impl RemoteFile {
             len,
             buf_offset: 0,
         };
+        let completion = Completion::new(offset, len, 1);
         if n == 0 {
-            let completion = Completion::new(offset, len, 1);
             completion.finish_task(&task, Some(Ok(0)));
             return Ok(completion);
         }
-        let completion = Completion::new(offset, len, 1);
-        let (pinned, in_flight) = self.pinned()?;
         let handle = runtime::handle()?;
-        let shares = self.shares(offset, n);
-        let land_for = Arc::new(land_for);
-        let gets = (0..self.gets_for(&shares))
-            .map(|_| {
-                let (pinned, in_flight) = (pinned.clone(), in_flight.clone());
-                let (shares, land_for) = (shares.clone(), land_for.clone());
-                let (completion, cancel) = (completion.clone(), completion.clone());
-                // Each GET is a task of its own, so that the runtime's threads share the work
-                // of receiving the bodies. A cancel (the caller's, or the first error's) drops
-                // the GET in flight inside its own task, so no body lands once the task ends:
-                // what landed stays where it is.
-                let gets = async move {
-                    while let Some((share, _permit)) = next_share(&shares, &in_flight).await {
-                        let mut land = Counted {
-                            inner: land_for(&share),
-                            completion: &completion,
-                        };
-                        pinned.fetch(&share, &mut land).await?;
-                    }
-                    Ok(())
-                };
-                runtime::AbortOnDrop(handle.spawn(async move {
-                    runtime::unless_cancelled(gets, || cancel.is_cancelled())
-                        .await
-                        .unwrap_or(Err(Error::Cancelled))
-                }))
-            })
-            .collect::<futures::stream::FuturesUnordered<_>>();
+        let counted = completion.clone();
+        let mut gets = self.spawn_gets(&handle, offset, n, &completion, move |share| Counted {
+            inner: land_for(share),
+            completion: counted.clone(),
+        })?;
         let done = completion.clone();
         handle.spawn(async move {
             // The read reports only once every GET task has ended, so none writes to the
             // caller's memory (or sink) after it: the first error cancels the others.
-            let mut gets = gets;
             let mut failed = None;
             while let Some(got) = gets.next().await {
                 match got {
@@ -488,6 +462,49 @@ impl RemoteFile {
             done.finish_task(&task, outcome);
         });
         Ok(completion)
+    }
+
+    /// Spawns the GET tasks of a read of the object's bytes `offset..offset+n` (all inside it)
+    /// on the runtime: as many as the store lets run, each taking range after range
+    /// (`share.rs`) and landing each body where `land_for(share)` says. A cancel of
+    /// `completion` (the caller's, or one set on the first error) drops the GET in flight
+    /// inside its own task, so once a task has ended it lands nothing more: what landed stays
+    /// where it is, and the task's outcome is [`Error::Cancelled`].
+    fn spawn_gets<L, F>(
+        &self,
+        handle: &tokio::runtime::Handle,
+        offset: u64,
+        n: usize,
+        completion: &Arc<Completion>,
+        land_for: F,
+    ) -> Result<futures::stream::FuturesUnordered<runtime::AbortOnDrop<()>>>
+    where
+        L: Landing + 'static,
+        F: Fn(&Share) -> L + Send + Sync + 'static,
+    {
+        let (pinned, in_flight) = self.pinned()?;
+        let shares = self.shares(offset, n);
+        let land_for = Arc::new(land_for);
+        let gets = (0..self.gets_for(&shares)).map(|_| {
+            let (pinned, in_flight) = (pinned.clone(), in_flight.clone());
+            let (shares, land_for) = (shares.clone(), land_for.clone());
+            let cancel = completion.clone();
+            // Each GET is a task of its own, so that the runtime's threads share the work of
+            // receiving the bodies. The store's permit (GPU and host reads share the cap), then
+            // the request.
+            let gets = async move {
+                while let Some((share, _permit)) = next_share(&shares, &in_flight).await {
+                    pinned.fetch(&share, &mut land_for(&share)).await?;
+                }
+                Ok(())
+            };
+            runtime::AbortOnDrop(handle.spawn(async move {
+                runtime::unless_cancelled(gets, || cancel.is_cancelled())
+                    .await
+                    .unwrap_or(Err(Error::Cancelled))
+            }))
+        });
+        Ok(gets.collect())
     }
 
     /// Plans the ranged GETs of a read into host memory at `ptr` and spawns them.
@@ -590,7 +607,6 @@ impl RemoteFile {
             return Err(Error::InvalidArgument("device range wraps around".into()));
         }
         let pool = pool()?;
-        let (pinned, in_flight) = self.pinned()?;
         let handle = runtime::handle()?;
         // One task for the whole transfer: the GETs supply the parallelism.
         let task = Task {
@@ -599,59 +615,46 @@ impl RemoteFile {
             buf_offset: 0,
         };
         let completion = Completion::new(offset, len, 1);
-        let shares = self.shares(offset, n);
         let ahead = self.inner.settings.remote_concurrency.max(1);
         // Pinned memory stays near `ahead` pieces (GETs filling, pieces handed over, copies
-        // running), kept in the pool for the next read; a GET holds at most one piece at a time.
+        // running), kept in the pool for the next read; a GET holds at most one piece at a time,
+        // and takes one only once its body comes, so that pieces are held while bodies arrive,
+        // not while the server thinks (the first read pins its pieces meanwhile, and a fast
+        // body gives its piece back before a new one could be pinned). No circle: a GET holding
+        // a piece waits for nothing but its body, and a landed piece goes back once copied.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(Task, Piece<E>)>>(ahead);
-        let mut gets = (0..self.gets_for(&shares))
-            .map(|_| {
-                let (pinned, in_flight) = (pinned.clone(), in_flight.clone());
-                let (shares, pool, tx) = (shares.clone(), pool.clone(), tx.clone());
-                // Each GET is a task of its own, so that the runtime's threads share the work of
-                // receiving the bodies; each hands over its pieces as they fill, and dropping
-                // `gets` (a cancel, an error) aborts those still running, whose pieces go back.
-                runtime::AbortOnDrop(handle.spawn(async move {
-                    // The store's permit (GPU and host reads share the cap), then the request;
-                    // a piece only once the body comes, so that pieces are held while bodies
-                    // arrive, not while the server thinks (the first read pins its pieces
-                    // meanwhile, and a fast body gives its piece back before a new one could
-                    // be pinned). No circle: a GET holding a piece waits for nothing but its
-                    // body, and a landed piece goes back once copied.
-                    while let Some((share, _permit)) = next_share(&shares, &in_flight).await {
-                        let mut land = IntoPieces {
-                            read_offset: offset,
-                            pool: pool.clone(),
-                            most: ahead,
-                            landed: tx.clone(),
-                            filling: None,
-                        };
-                        pinned.fetch(&share, &mut land).await?;
-                    }
-                    Ok(())
-                }))
-            })
-            .collect::<futures::stream::FuturesUnordered<_>>();
-        let producer = async move {
+        let landing = PieceLanding {
+            read_offset: offset,
+            pool: pool.clone(),
+            most: ahead,
+            landed: tx.clone(),
+        };
+        let mut gets =
+            self.spawn_gets(&handle, offset, n, &completion, move |_| landing.for_get())?;
+        let cancelled = completion.clone();
+        handle.spawn(async move {
             while let Some(got) = gets.next().await {
-                if let Err(e) = got {
-                    // The first error stops the copies and, by dropping `gets`, the GETs.
-                    let _ = tx.send(Err(e)).await;
-                    return;
+                match got {
+                    Err(Error::Cancelled) if cancelled.is_cancelled() => {}
+                    // The first error stops the copies, which report it and so cancel the
+                    // other GETs; their pieces go back as they stop.
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                    }
+                    Ok(()) => {}
                 }
             }
-        };
-        let cancel = completion.clone();
-        handle.spawn(runtime::unless_cancelled(producer, move || {
-            cancel.is_cancelled()
-        }));
+        });
         let done = completion.clone();
         handle.spawn_blocking(move || {
             // SAFETY: `dst..dst+n` is the caller's device memory of the pool's engine, valid and
             // unwritten by others until the future resolves, which is after this reports.
             let outcome = unsafe { copy_landed(&pool, &mut rx, dst, &done) };
-            // Ranges still in the channel go back to the pool before the read reports.
+            // Ranges still in the channel go back to the pool before the read reports, and this
+            // read lets go of the pool before then too (a caller may drop it and count its
+            // pinned memory as freed).
             drop(rx);
+            drop(pool);
             // A cancelled transfer is skipped, not failed (as a cancelled host read is).
             let outcome = match outcome {
                 Err(Error::Cancelled) => None,
@@ -786,12 +789,12 @@ impl<S: Fn(u64, &[u8]) -> Result<()> + Send + Sync> Landing for IntoSink<S> {
 }
 
 /// A host GET's landing, counted for progress as the bytes come.
-struct Counted<'c, L> {
+struct Counted<L> {
     inner: L,
-    completion: &'c Completion,
+    completion: Arc<Completion>,
 }
 
-impl<L: Landing> Landing for Counted<'_, L> {
+impl<L: Landing> Landing for Counted<L> {
     fn land<'a>(
         &'a mut self,
         at: u64,
@@ -803,17 +806,44 @@ impl<L: Landing> Landing for Counted<'_, L> {
     }
 }
 
-/// A device read's GET: the body fills pinned pieces taken as the bytes come, each handed to
-/// the copies as soon as it is full or the GET's range has landed.
-struct IntoPieces<E: CopyEngine> {
+/// What every GET of a device read lands through ([`IntoPieces`]). Fields drop in order, here
+/// and there: the pool (and a piece being filled) before the sender, since the copies end and
+/// the read reports once the last sender is gone, and by then the read must hold no piece or
+/// reference to the pool (a caller may drop the pool and count its pinned memory as freed).
+struct PieceLanding<E: CopyEngine> {
     /// The object offset of the read's first byte (its place in device memory).
     read_offset: u64,
     pool: Arc<PiecePool<E>>,
     /// Most pieces the pool makes for this read ([`PiecePool::take`]).
     most: usize,
     landed: tokio::sync::mpsc::Sender<Result<(Task, Piece<E>)>>,
+}
+
+impl<E: CopyEngine> PieceLanding<E> {
+    /// The landing of one GET.
+    fn for_get(&self) -> IntoPieces<E> {
+        IntoPieces {
+            read_offset: self.read_offset,
+            filling: None,
+            pool: self.pool.clone(),
+            most: self.most,
+            landed: self.landed.clone(),
+        }
+    }
+}
+
+/// A device read's GET: the body fills pinned pieces taken as the bytes come, each handed to
+/// the copies as soon as it is full or the GET's range has landed. Fields drop in order (see
+/// [`PieceLanding`]): the piece and the pool before the sender.
+struct IntoPieces<E: CopyEngine> {
+    /// The object offset of the read's first byte (its place in device memory).
+    read_offset: u64,
     /// The piece being filled, and what of the read it holds so far.
     filling: Option<(Task, Piece<E>)>,
+    pool: Arc<PiecePool<E>>,
+    /// Most pieces the pool makes for this read ([`PiecePool::take`]).
+    most: usize,
+    landed: tokio::sync::mpsc::Sender<Result<(Task, Piece<E>)>>,
 }
 
 impl<E: CopyEngine> IntoPieces<E> {
