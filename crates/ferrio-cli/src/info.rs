@@ -214,14 +214,13 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
                 "each through the kernel's readahead"
             }
         };
-        let fallback = match (settings.fill_reads, reads) {
-            (asked, used) if asked == used => "",
-            (ferrio::FillReads::Auto, ferrio::FillReads::Readahead)
-                if ferrio::policy::free_page_reporting() =>
-            {
-                ": this machine's memory balloon reports freed memory to its hypervisor"
-            }
-            _ => ": the kernel cannot map this file for populate",
+        let here = ferrio::policy::fill_reads_here(settings.fill_reads);
+        let fallback = if reads != here {
+            ": the kernel cannot map this file for populate"
+        } else if reads != settings.fill_reads && reads == ferrio::FillReads::Readahead {
+            ": this machine's memory balloon reports freed memory to its hypervisor"
+        } else {
+            ""
         };
         out(&format!(
             "fill:        cold reads of {} or more: {in_flight} tasks of {0} at a time, {how} \

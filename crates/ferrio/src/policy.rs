@@ -30,7 +30,7 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use crate::config::{CacheMode, DirectMode};
+use crate::config::{CacheMode, DirectMode, FillReads};
 use crate::direct::{self, Probe};
 
 /// A file is kept in the page cache under `auto` when it is at most this share of the
@@ -275,6 +275,17 @@ pub const FILL_TASK_BYTES: u64 = 64 << 20;
 /// fills through readahead here.
 pub fn free_page_reporting() -> bool {
     crate::sys::free_page_reporting()
+}
+
+/// The way `fill_reads` (`asked`) fills the page cache on this machine: `auto` resolved
+/// ([`free_page_reporting`]), the others as they are. A file the kernel cannot map for
+/// `populate` still fills through readahead ([`crate::File::fill_reads`]).
+pub fn fill_reads_here(asked: FillReads) -> FillReads {
+    match asked {
+        FillReads::Auto if free_page_reporting() => FillReads::Readahead,
+        FillReads::Auto => FillReads::Populate,
+        other => other,
+    }
 }
 
 /// The shape of a read of `[offset, offset+len)` when it fills the page cache: a kept file

@@ -100,15 +100,11 @@ impl File {
     }
 
     /// The mapping for `fill_reads=populate` fills of a file on a local file system, made on
-    /// first use; `None` under `readahead`, under `auto` where a balloon reports free pages
-    /// ([`policy::free_page_reporting`]), elsewhere, or where the kernel cannot make one.
+    /// first use; `None` where `fill_reads` is `readahead` on this machine
+    /// ([`policy::fill_reads_here`]), elsewhere, or where the kernel cannot make one.
     fn populate_map(&self) -> Option<&sys::PopulateMap> {
-        let populate = match self.inner.settings.fill_reads {
-            FillReads::Populate => true,
-            FillReads::Auto => !policy::free_page_reporting(),
-            FillReads::Readahead => false,
-        };
-        if !populate || !self.inner.local {
+        let here = policy::fill_reads_here(self.inner.settings.fill_reads);
+        if here != FillReads::Populate || !self.inner.local {
             return None;
         }
         self.inner
