@@ -21,8 +21,8 @@ want() { [[ $STEPS == *" $1 "* ]]; }
 step install
 # .carry/tf (transformers and the parts of its stack the machine lacks) and .carry/moto (moto's
 # S3 server and its stack, for the remote tests) only where carried.
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/wheels/*.whl .carry/peers/*.whl \
-  $(ls .carry/tf/*.whl .carry/moto/*.whl 2>/dev/null) \
+python3 -m pip install -q --no-index --no-deps --target /tmp/site \
+  $(ls .carry/wheels/*.whl .carry/peers/*.whl .carry/tf/*.whl .carry/moto/*.whl 2>/dev/null) \
   >"$LOGS/pip.log" 2>&1 || { tail "$LOGS/pip.log" | tee -a "$S"; }
 # obstore and boto3 (`make gpu-remote-peers`), one by one: a wheel the machine's Python refuses
 # is skipped, not the lot.
@@ -169,13 +169,16 @@ step remote-compare
 # from a local server capped per request: nginx from .carry/nginx where carried (`make
 # gpu-nginx`; the machine has none), else the script's threaded Python server.
 mkdir -p /dev/shm/ferrio-remote
-# REMOTE_SERVERS=nginx,python runs the comparison once per server (the Python one streams each
-# reply at the cap from its first byte; nginx+lua holds each reply, then sends it at once).
+# REMOTE_TRACE=1 runs ferrio's clients with FERRIO_TRACE=1 and keeps each timeline's summary
+# (benchmarks/trace_summary.py) in trace-SERVER/.
+# REMOTE_SERVERS=nginx,python runs the comparison once per server (both stream each reply at the
+# cap from its first byte: nginx through lua, the Python one with sendfile).
 REMOTE_SERVERS=${REMOTE_SERVERS:-auto}
 for server in ${REMOTE_SERVERS//,/ }; do
 timeout "${REMOTE_TIMEOUT:-150}" python3 benchmarks/remote_compare.py --server "$server" --size "${REMOTE_SIZE:-1GiB}" --rate 100m \
   --rounds "${REMOTE_ROUNDS:-2}" --gpu --settings "${REMOTE_SETTINGS:-capped}" --clients "${REMOTE_CLIENTS:-ferrio,kvikio,kvikio-32}" \
-  --timeout 60 --dir /dev/shm/ferrio-remote --json "$LOGS/remote_compare-$server.json" >"$LOGS/remote_compare-$server.log" 2>&1
+  --timeout 60 --dir /dev/shm/ferrio-remote --json "$LOGS/remote_compare-$server.json" \
+  ${REMOTE_TRACE:+--trace-dir "$LOGS/trace-$server"} >"$LOGS/remote_compare-$server.log" 2>&1
 tail -25 "$LOGS/remote_compare-$server.log" | tee -a "$S"
 done
 rm -rf /dev/shm/ferrio-remote

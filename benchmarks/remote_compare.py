@@ -83,7 +83,7 @@ def _client(name: str, url: str, size: int) -> int:
         # (PYTHONPATH, another build of ferrio, was given to this process by `_run_client`).
         name, _, settings = name.partition("@")
         for key, value in _settings(settings):
-            if key != "PYTHONPATH":
+            if not _is_env(key):
                 ferrio.config.set(**{key: value})
         kw: dict[str, Any] = {}
         if name == "ferrio-64":
@@ -93,12 +93,12 @@ def _client(name: str, url: str, size: int) -> int:
 
             dst = cp.empty(size, dtype=cp.uint8)
             cp.cuda.runtime.deviceSynchronize()
-            t0 = time.perf_counter()
+            t0 = _start()
             with ferrio.open_url(url, **kw) as f:
                 n = f.read(dst)
             return _report(n, t0)
         buf = _host_buffer(size)
-        t0 = time.perf_counter()
+        t0 = _start()
         with ferrio.open_url(url, **kw) as f:
             n = f.read(buf)
         return _report(n, t0)
@@ -108,7 +108,7 @@ def _client(name: str, url: str, size: int) -> int:
 
         base, path = url.rsplit("/", 1)
         store = HTTPStore.from_url(base, client_options={"allow_http": True})
-        t0 = time.perf_counter()
+        t0 = _start()
         if name == "obstore-get_range":
             n = len(obstore.get_range(store, path, start=0, end=size))
         elif name == "obstore-get_ranges":
@@ -140,7 +140,7 @@ def _client(name: str, url: str, size: int) -> int:
         import fsspec
 
         fs = fsspec.filesystem("http")
-        t0 = time.perf_counter()
+        t0 = _start()
         if name == "fsspec-cat":
             n = len(fs.cat_file(url))
         else:  # fsspec-ranges: 8 MiB ranges through cat_ranges (concurrent, its batch size)
@@ -168,7 +168,7 @@ def _client(name: str, url: str, size: int) -> int:
         bucket, key = s3_key.split("/", 1)
         cfg = TransferConfig() if conc is None else TransferConfig(max_concurrency=conc)
         out = io.BytesIO()
-        t0 = time.perf_counter()
+        t0 = _start()
         client.download_fileobj(bucket, key, out, Config=cfg)
         return _report(out.getbuffer().nbytes, t0)
     if name.startswith("kvikio"):
@@ -177,15 +177,50 @@ def _client(name: str, url: str, size: int) -> int:
         import kvikio
 
         buf = _host_buffer(size)
-        t0 = time.perf_counter()
+        t0 = _start()
         with kvikio.RemoteFile.open_http(url) as f:
             n = f.read(buf)
         return _report(n, t0)
     raise SystemExit(f"unknown client {name}")
 
 
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far (/proc/stat; (0, 0) elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
+_TICKS0 = (0, 0)
+
+
+def _start() -> float:
+    """Marks the start of the timed read: the machine's CPU ticks, then the clock."""
+    global _TICKS0
+    _TICKS0 = _machine_ticks()
+    return time.perf_counter()
+
+
 def _report(n: int, t0: float) -> int:
-    print(json.dumps({"bytes": int(n), "seconds": time.perf_counter() - t0}))
+    seconds = time.perf_counter() - t0
+    # The read's span on CLOCK_MONOTONIC too, the clock of ferrio's trace (`--trace-dir`).
+    ended = time.monotonic()
+    busy, total = (a - b for a, b in zip(_machine_ticks(), _TICKS0, strict=True))
+    print(
+        json.dumps(
+            {
+                "bytes": int(n),
+                "seconds": seconds,
+                "span": [ended - seconds, ended],
+                # How busy the whole machine (server included) was during the read.
+                "machine_busy": busy / total if total > 0 else float("nan"),
+            }
+        )
+    )
     return int(n)
 
 
@@ -214,15 +249,27 @@ def _available(name: str) -> str | None:
     return None
 
 
+def _is_env(key: str) -> bool:
+    """Whether a client's `NAME=VALUE` is an environment variable (PYTHONPATH, another build of
+    ferrio; FERRIO_*) rather than a ferrio setting."""
+    return key == "PYTHONPATH" or key.startswith("FERRIO_")
+
+
 def _settings(text: str) -> list[tuple[str, str]]:
     """`NAME=VALUE+NAME=VALUE` as pairs."""
     return [tuple(kv.split("=", 1)) for kv in text.split("+") if kv]  # type: ignore[misc]
 
 
-def _run_client(name: str, url: str, size: int, timeout: float) -> tuple[float, float] | str:
-    """(GiB/s, CPU-s/GiB) of one fresh-process run, or why it failed."""
+def _run_client(
+    name: str, url: str, size: int, timeout: float, trace: Path | None = None
+) -> tuple[float, float] | str:
+    """(GiB/s, CPU-s/GiB) of one fresh-process run, or why it failed. With `trace` (a file), a
+    ferrio client runs with FERRIO_TRACE=1 and its timeline, summarised, goes there."""
     env = dict(os.environ)
-    env.update((k, v) for k, v in _settings(name.partition("@")[2]) if k == "PYTHONPATH")
+    env.update((k, v) for k, v in _settings(name.partition("@")[2]) if _is_env(k))
+    trace = trace if name.startswith("ferrio") else None
+    if trace is not None:
+        env["FERRIO_TRACE"] = "1"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         out = subprocess.run(
@@ -236,9 +283,18 @@ def _run_client(name: str, url: str, size: int, timeout: float) -> tuple[float, 
         last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "no message"
         return f"failed (exit {out.returncode}): {last}"
     got = json.loads(out.stdout.strip().splitlines()[-1])
+    if trace is not None:
+        from trace_summary import parse, summarise
+
+        text = summarise(parse(out.stderr), got["span"])
+        trace.write_text(text + "\n")
+        # The raw timeline beside it, for a closer look.
+        trace.with_suffix(".trace").write_text(out.stderr)
+        print(f"    trace {trace.name}: {text.splitlines()[0]}")
     if got["bytes"] != size:
         return f"read {got['bytes']} of {size} bytes"
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    print(f"    machine busy during the read: {got['machine_busy']:.0%}")
     return size / GIB / got["seconds"], cpu / (size / GIB)
 
 
@@ -667,6 +723,12 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true", help="add ferrio into GPU memory (CuPy)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per client run")
     ap.add_argument("--json", default=None, help="write every run here too")
+    ap.add_argument(
+        "--trace-dir",
+        default=None,
+        help="run ferrio's clients with FERRIO_TRACE=1 and summarise each timeline here "
+        "(benchmarks/trace_summary.py); not for the rates reported",
+    )
     ap.add_argument("--client", nargs=3, metavar=("NAME", "URL", "SIZE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     # A stopped run still stops its server (the `finally` blocks run).
@@ -709,7 +771,12 @@ def main() -> None:
             for r in range(a.rounds):
                 order = runnable if r % 2 == 0 else list(reversed(runnable))
                 for c in order:
-                    got = _run_client(c, url, size, a.timeout)
+                    trace = None
+                    if a.trace_dir:
+                        safe = "".join(ch if ch.isalnum() or ch in "-_=" else "_" for ch in c)
+                        trace = Path(a.trace_dir) / f"{setting}-{safe}-r{r + 1}.txt"
+                        trace.parent.mkdir(parents=True, exist_ok=True)
+                    got = _run_client(c, url, size, a.timeout, trace)
                     if isinstance(got, str):
                         print(f"  {setting} {c}: {got}")
                         continue

@@ -19,6 +19,7 @@ use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 
+use crate::bounce::trace;
 use crate::error::{Error, Op, Result};
 
 use super::share::Share;
@@ -125,12 +126,15 @@ impl Pinned {
             }
             let want = at..end;
             let asked = Instant::now();
+            let traced = trace::start();
             let got = self
                 .store
                 .get_opts(&self.path, self.options(want.clone()))
                 .await
                 .map_err(|e| self.read_err(&want, store::io_error(e)))?;
             share.answered(at, asked.elapsed());
+            trace::record("answer", traced, want.end - want.start);
+            let body_began = (trace::start(), at);
             if let Some(why) = self.replaced(&got.meta) {
                 return Err(self.read_err(&want, store::changed(&why)));
             }
@@ -172,6 +176,7 @@ impl Pinned {
                     }
                 }
             }
+            trace::record("body", body_began.0, at - body_began.1);
             if at < share.end() {
                 // The body broke off (or ended early): ask again for what is missing.
                 body_failures += 1;
