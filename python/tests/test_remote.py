@@ -575,9 +575,14 @@ def test_http_into_cupy_through_pieces_shorter_than_the_ranges(
     """Guided ranges longer than the pinned pieces: each GET fills several pieces in turn."""
     cp = _cupy_with_gpu()
     url, obj = http_object
-    # Two GETs in flight: a range is an eighth of what is left, 64 KiB to 1 MiB, and the pieces
-    # are 64 KiB.
-    ferrio.config.set(remote_range_size="64KiB", remote_max_range_size="1MiB", remote_concurrency=2)
+    # Two GETs in flight, each an even share of the read between 64 KiB and 1 MiB long, and
+    # pieces of 64 KiB (a GPU read's pieces are bounce buffers).
+    ferrio.config.set(
+        remote_range_size="64KiB",
+        remote_max_range_size="1MiB",
+        remote_concurrency=2,
+        bounce_buffer_size="64KiB",
+    )
     with ferrio.open_url(url) as f:
         for offset in (0, 4097):
             size = f.size - offset

@@ -12,10 +12,10 @@
 //! it until an event recorded after the copy has completed, and only dropping the handle gives
 //! the piece back to the pool (so a task that is aborted mid-fill gives its piece back too).
 //!
-//! A pool starts empty and grows while takers wait: one piece at a time (pinning is slow, and the
-//! driver pins one allocation at a time anyway), up to the number the taker asks for and what the
-//! shared [`PinnedBudget`] allows, though always to [`MIN_PIECES`] (the budget's soft cap, as for
-//! rings). Pieces stay in the pool for later reads. A pool frees its memory when the last handle
+//! A pool starts empty and grows while takers wait, or ahead of them ([`PiecePool::prefill`]):
+//! one piece at a time (pinning is slow, and the driver pins one allocation at a time anyway), up
+//! to the number the taker asks for and what the shared [`PinnedBudget`] allows, though always to
+//! [`MIN_PIECES`] (the budget's soft cap, as for rings). Pieces stay in the pool for later reads. A pool frees its memory when the last handle
 //! to it goes; the pools of the real driver are kept in a process-wide set that is never dropped,
 //! so at exit they are leaked, like the threads' rings, rather than freed through a driver that
 //! may be gone. A copy that fails while running poisons the pool: its pieces may still be read by
@@ -58,6 +58,9 @@ struct PoolState<E: CopyEngine> {
     pieces: usize,
     /// A piece is being made (one at a time).
     growing: bool,
+    /// While a [`PiecePool::prefill`] runs, the pieces it makes the pool up to (else 0): takers
+    /// leave the growing to it meanwhile.
+    prefill_to: usize,
     /// Making a piece failed while the pool had some: go on with those, stop asking.
     grow_failed: bool,
     /// A copy failed while running: see the module docs.
@@ -115,6 +118,7 @@ impl<E: CopyEngine> PiecePool<E> {
                 streams: Vec::new(),
                 pieces: 0,
                 growing: false,
+                prefill_to: 0,
                 grow_failed: false,
                 poisoned: false,
             }),
@@ -172,18 +176,35 @@ impl<E: CopyEngine> PiecePool<E> {
         if let Some(piece) = st.free.pop() {
             return Ok(Found::Piece(piece));
         }
-        if st.growing || (st.grow_failed && st.pieces > 0) || st.pieces >= most.max(MIN_PIECES) {
-            return Ok(Found::Wait);
+        // A prefill running makes the next piece itself.
+        let prefilling = st.prefill_to > st.pieces;
+        Ok(if !prefilling && self.may_grow(&mut st, most) {
+            Found::Make
+        } else {
+            Found::Wait
+        })
+    }
+
+    /// Whether one more piece may be made now, with none being made, the pool holding fewer
+    /// than `most` (and at least [`MIN_PIECES`]) and the budget room for it; if so it is counted
+    /// and budgeted here, and the caller makes it ([`make_piece`](Self::make_piece)).
+    fn may_grow(&self, st: &mut PoolState<E>, most: usize) -> bool {
+        if st.poisoned
+            || st.growing
+            || (st.grow_failed && st.pieces > 0)
+            || st.pieces >= most.max(MIN_PIECES)
+        {
+            return false;
         }
         let bytes = self.piece_len as u64;
         if st.pieces < MIN_PIECES {
             self.budget.take_anyway(bytes);
         } else if !self.budget.try_take(bytes) {
-            return Ok(Found::Wait);
+            return false;
         }
         st.pieces += 1;
         st.growing = true;
-        Ok(Found::Make)
+        true
     }
 
     /// Makes the piece [`find`](Self::find) counted, and puts it in the pool (not in the hands of
@@ -242,6 +263,75 @@ where
     E::Event: Send,
     E::Stream: Send,
 {
+    /// Starts making pieces on one of `runtime`'s blocking threads, back to back, until the
+    /// pool holds `want` (as far as the budget allows, as [`take`](Self::take) grows it), so a
+    /// read that will need that many need not wait for each in turn once its bytes come: pinning
+    /// runs while its requests wait for their answers. Takers meanwhile get each piece as it is
+    /// made, and leave the growing to it. A piece that cannot be made ends it (takers see why).
+    /// With a prefill running already, that one goes on up to the larger of the two. Dropping
+    /// what this returns ends the prefill it started, once the piece being made is in the pool,
+    /// so a read that drops it before it reports holds no reference to the pool after.
+    pub fn prefill(self: &Arc<Self>, want: usize, runtime: &tokio::runtime::Handle) -> Prefill<E> {
+        let mut prefill = Prefill {
+            pool: self.clone(),
+            ended: None,
+        };
+        {
+            let mut st = self.lock();
+            let running = st.prefill_to > 0;
+            if st.pieces < want {
+                st.prefill_to = st.prefill_to.max(want);
+            }
+            if running || st.prefill_to == 0 {
+                return prefill;
+            }
+        }
+        /// Ends the prefill however its task ends (it may be dropped unrun, with a runtime that
+        /// shuts down): wakes the takers, who grow the pool themselves from then on, and, by
+        /// going, tells the [`Prefill`] that it has ended.
+        struct Ended<E: CopyEngine> {
+            pool: Arc<PiecePool<E>>,
+            _gone: std::sync::mpsc::Sender<()>,
+        }
+        impl<E: CopyEngine> Drop for Ended<E> {
+            fn drop(&mut self) {
+                self.pool.lock().prefill_to = 0;
+                self.pool.returned.notify_waiters();
+            }
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        prefill.ended = Some(rx);
+        let ended = Ended {
+            pool: self.clone(),
+            _gone: tx,
+        };
+        runtime.spawn_blocking(move || {
+            let pool = &ended.pool;
+            loop {
+                let grow = {
+                    let mut st = pool.lock();
+                    let to = st.prefill_to;
+                    // Stopped (`Prefill`'s drop), or a taker's piece begun before the prefill, to
+                    // finish first: one at a time, since pinning does not go faster on several
+                    // threads (four took longer than one on an H100 machine, session 16).
+                    if to == 0 {
+                        Some(false)
+                    } else if st.growing && st.pieces < to {
+                        None
+                    } else {
+                        Some(pool.may_grow(&mut st, to))
+                    }
+                };
+                match grow {
+                    None => std::thread::sleep(std::time::Duration::from_millis(1)),
+                    Some(true) if pool.make_piece().is_ok() => {}
+                    Some(_) => break,
+                }
+            }
+        });
+        prefill
+    }
+
     /// A piece to fill: a free one, or a new one if none is free and the pool holds fewer than
     /// `most` (and at least [`MIN_PIECES`]) and the budget has room; otherwise waits for one to
     /// come back. Pinning runs on tokio's blocking threads, so this must be awaited inside a
@@ -310,6 +400,24 @@ impl<E: CopyEngine> Drop for PiecePool<E> {
         }
         for stream in streams {
             let _ = self.engine.destroy_stream(stream);
+        }
+    }
+}
+
+/// A prefill of a [`PiecePool`] that a read started ([`PiecePool::prefill`]): dropping it ends
+/// that prefill and waits until its task has ended (at most the piece being made).
+pub struct Prefill<E: CopyEngine> {
+    pool: Arc<PiecePool<E>>,
+    /// Disconnected once the task has ended; `None` where this call started none.
+    ended: Option<std::sync::mpsc::Receiver<()>>,
+}
+
+impl<E: CopyEngine> Drop for Prefill<E> {
+    fn drop(&mut self) {
+        if let Some(ended) = self.ended.take() {
+            self.pool.lock().prefill_to = 0;
+            // Returns once the task's sender is gone (nothing is ever sent).
+            let _ = ended.recv();
         }
     }
 }
@@ -675,5 +783,75 @@ mod tests {
         drop(held);
         rt.block_on(waiting).unwrap().unwrap();
         assert_eq!(pool.pieces(), MIN_PIECES);
+    }
+
+    /// Waits (up to 5 s) until the pool holds `n` pieces and no prefill runs.
+    fn settle(pool: &PiecePool<EmulatedDevice>, n: usize) {
+        for _ in 0..500 {
+            if pool.pieces() == n && pool.lock().prefill_to == 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("the pool holds {} pieces, not {n}", pool.pieces());
+    }
+
+    #[test]
+    fn a_prefill_makes_the_pieces_asked_for_ahead_of_the_takers() {
+        let device = EmulatedDevice::default();
+        let budget = Arc::new(PinnedBudget::new(u64::MAX));
+        let pool = Arc::new(PiecePool::new(device.clone(), 4096, budget.clone()).unwrap());
+        let rt = runtime();
+        let prefill = pool.prefill(6, rt.handle());
+        settle(&pool, 6);
+        drop(prefill);
+        assert_eq!((pool.free_pieces(), budget.used()), (6, 6 * 4096));
+        // Asking again for as many, or fewer, makes none.
+        drop(pool.prefill(4, rt.handle()));
+        assert_eq!(pool.pieces(), 6);
+        // Takers while a prefill runs get its pieces, and the pool ends where it was asked to.
+        let prefill = pool.prefill(10, rt.handle());
+        let taken: Vec<_> = (0..8).map(|_| rt.block_on(pool.take(64)).unwrap()).collect();
+        settle(&pool, 10);
+        drop(prefill);
+        assert_eq!(pool.free_pieces(), 2);
+        drop(taken);
+        assert_eq!(pool.free_pieces(), 10);
+        // Dropped while it runs, a prefill stops at once, and holds the pool no more: the pool
+        // is freed with its last handle.
+        let prefill = pool.prefill(100_000, rt.handle());
+        drop(prefill);
+        let made = pool.pieces();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(pool.pieces(), made, "no piece made after the prefill was dropped");
+        assert!(made < 100_000);
+        assert_eq!(Arc::strong_count(&pool), 1);
+        drop(pool);
+        assert_eq!((budget.used(), device.pinned_allocations()), (0, 0));
+    }
+
+    #[test]
+    fn a_prefill_stays_within_the_pinned_budget() {
+        let device = EmulatedDevice::default();
+        // Room for four pieces (the two every pool gets count against it too).
+        let budget = Arc::new(PinnedBudget::new(4 * 4096));
+        let pool = Arc::new(PiecePool::new(device.clone(), 4096, budget.clone()).unwrap());
+        let rt = runtime();
+        let prefill = pool.prefill(64, rt.handle());
+        settle(&pool, 4);
+        drop(prefill);
+        assert_eq!(budget.used(), 4 * 4096);
+        // The prefill has ended: takers get its pieces, and the fifth waits for one to come
+        // back (none may be made past the cap).
+        let held: Vec<_> = (0..4).map(|_| rt.block_on(pool.take(64)).unwrap()).collect();
+        let waiting = {
+            let pool = pool.clone();
+            rt.spawn(async move { pool.take(64).await.map(|_| ()) })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiting.is_finished());
+        drop(held);
+        rt.block_on(waiting).unwrap().unwrap();
+        assert_eq!(pool.pieces(), 4);
     }
 }

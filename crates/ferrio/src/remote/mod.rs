@@ -39,7 +39,7 @@ use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 use tokio::sync::Semaphore;
 
-use crate::bounce::{self, CopyEngine, Piece, PieceCopies, PiecePool};
+use crate::bounce::{self, trace, CopyEngine, Piece, PieceCopies, PiecePool};
 use crate::buffer::IoBufMut;
 use crate::config::Settings;
 use crate::cuda::{self, DevicePtr};
@@ -569,9 +569,10 @@ impl RemoteFile {
         let pool = || {
             let context = cuda::device_context(dst, "use the host-memory calls for it")?;
             let settings = &self.inner.settings;
-            // Pieces of the shortest range, whatever this read's length: the context's pool serves
-            // every read, and a longer range fills several.
-            let piece_len = usize::try_from(settings.remote_range_size).unwrap_or(usize::MAX);
+            // Pieces of a bounce buffer's size, whatever the ranges: a GET holds one while its
+            // body trickles in and hands it over full, so a short piece holds less pinned
+            // memory per GET and the first read pins less before its copies start.
+            let piece_len = usize::try_from(settings.bounce_buffer_size).unwrap_or(usize::MAX);
             bounce::cuda_piece_pool(context, piece_len, settings)
         };
         // SAFETY: forwarded from this function's contract; the pool is that of `dst`'s context.
@@ -619,9 +620,9 @@ impl RemoteFile {
         // Pinned memory stays near `ahead` pieces (GETs filling, pieces handed over, copies
         // running), kept in the pool for the next read; a GET holds at most one piece at a time,
         // and takes one only once its body comes, so that pieces are held while bodies arrive,
-        // not while the server thinks (the first read pins its pieces meanwhile, and a fast
-        // body gives its piece back before a new one could be pinned). No circle: a GET holding
-        // a piece waits for nothing but its body, and a landed piece goes back once copied.
+        // not while the server thinks (the first read pins its pieces meanwhile: `prefill`). No
+        // circle: a GET holding a piece waits for nothing but its body, and a landed piece goes
+        // back once copied.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(Task, Piece<E>)>>(ahead);
         let landing = PieceLanding {
             read_offset: offset,
@@ -631,6 +632,8 @@ impl RemoteFile {
         };
         let mut gets =
             self.spawn_gets(&handle, offset, n, &completion, move |_| landing.for_get())?;
+        // Each GET fills one piece at a time: pin that many while the requests go out.
+        let prefill = pool.prefill(gets.len().min(n.div_ceil(pool.piece_len())), &handle);
         let cancelled = completion.clone();
         handle.spawn(async move {
             while let Some(got) = gets.next().await {
@@ -651,9 +654,10 @@ impl RemoteFile {
             // unwritten by others until the future resolves, which is after this reports.
             let outcome = unsafe { copy_landed(&pool, &mut rx, dst, &done) };
             // Ranges still in the channel go back to the pool before the read reports, and this
-            // read lets go of the pool before then too (a caller may drop it and count its
-            // pinned memory as freed).
+            // read lets go of the pool before then too, its prefill included (a caller may drop
+            // it and count its pinned memory as freed).
             drop(rx);
+            drop(prefill);
             drop(pool);
             // A cancelled transfer is skipped, not failed (as a cancelled host read is).
             let outcome = match outcome {
@@ -713,20 +717,32 @@ unsafe fn copy_landed<E: CopyEngine>(
             Ok(next) => Some(next),
             // Nothing new: give back the oldest piece (a GET may be waiting for one), then look
             // again; only with no copy running is there nothing to do but wait.
-            Err(TryRecvError::Empty) if copies.in_flight() > 0 => match copies.wait_oldest() {
-                Ok(()) => continue,
-                Err(e) => break Err(e),
-            },
-            Err(TryRecvError::Empty) => landed.blocking_recv(),
+            Err(TryRecvError::Empty) if copies.in_flight() > 0 => {
+                let waited = trace::start();
+                let oldest = copies.wait_oldest();
+                trace::record("copy-wait", waited, 0);
+                match oldest {
+                    Ok(()) => continue,
+                    Err(e) => break Err(e),
+                }
+            }
+            Err(TryRecvError::Empty) => {
+                let waited = trace::start();
+                let next = landed.blocking_recv();
+                trace::record("copy-idle", waited, 0);
+                next
+            }
             Err(TryRecvError::Disconnected) => None,
         };
         match next {
             Some(Ok((range, piece))) => {
                 // `buf_offset + len <= n <= len` of the read, checked not to wrap around.
                 let at = DevicePtr(dst.0 + range.buf_offset as u64);
+                let began = trace::start();
                 // SAFETY: `at..at+range.len` lies in the caller's device memory (this function's
                 // contract).
                 let started = unsafe { copies.start_copy(piece, range.len, at) };
+                trace::record("copy", began, range.len as u64);
                 if let Err(e) = started.and_then(|()| copies.reclaim()) {
                     break Err(e);
                 }
@@ -849,7 +865,10 @@ struct IntoPieces<E: CopyEngine> {
 impl<E: CopyEngine> IntoPieces<E> {
     /// Hands a piece over to the copies.
     async fn hand_over(&mut self, part: Task, piece: Piece<E>) -> Result<()> {
-        if self.landed.send(Ok((part, piece))).await.is_err() {
+        let waited = trace::start();
+        let sent = self.landed.send(Ok((part, piece))).await;
+        trace::record("hand-over", waited, 0);
+        if sent.is_err() {
             // The copies stopped (an error, a cancel).
             return Err(Error::Cancelled);
         }
@@ -869,7 +888,9 @@ where
             let (mut part, mut piece) = match self.filling.take() {
                 Some(filling) => filling,
                 None => {
+                    let waited = trace::start();
                     let piece = self.pool.take(self.most).await?;
+                    trace::record("piece", waited, 0);
                     let part = Task {
                         offset: at,
                         len: 0,
