@@ -167,7 +167,8 @@ pub struct Settings {
     pub direct_write: DirectMode,
     /// Read unaligned heads and tails with `O_DIRECT` too, into aligned scratch memory.
     pub direct_overread: bool,
-    /// Bytes per pinned bounce buffer for GPU transfers.
+    /// Bytes per pinned bounce buffer for GPU transfers, and per pinned piece of a remote read
+    /// into GPU memory.
     pub bounce_buffer_size: u64,
     /// Tasks in flight per request when a cold read fills the page cache (the fill shape's
     /// large tasks, see `cache`).
@@ -413,7 +414,8 @@ pub const SETTINGS: &[SettingInfo] = &[
         env: "FERRIO_BOUNCE_BUFFER_SIZE",
         unit: "bytes",
         default: "2 MiB",
-        doc: "size of each pinned bounce buffer for GPU transfers",
+        doc: "size of each pinned bounce buffer for GPU transfers (and of each pinned piece a \
+              remote read into GPU memory lands in)",
         get: |s| s.bounce_buffer_size.to_string(),
         set: |s, v| {
             s.bounce_buffer_size = size(v, 4096, "at least 4KiB")?;
