@@ -52,11 +52,18 @@ def summarise(events: list[Event], span: list[float]) -> str:
     def total(what: str) -> float:
         return sum(e[1] for e in kinds.get(what, []))
 
+    # GETs whose first request went out more than 5 ms after the read's first one (of as many
+    # as the read had at once, the first `answer` of each).
+    answers = sorted(e[0] for e in kinds.get("answer", []))
+    late = sum(1 for t in answers[:64] if answers and (t - answers[0]) * 1e3 > 5)
+    slow_tasks = sum(1 for e in kinds.get("get-task", []) if e[1] > 5)
     bodies = kinds.get("body", [])
     last_body = max((e[0] + e[1] / 1e3 for e in bodies), default=t0)
     pins = kinds.get("pin", [])
     head = (
-        f"read {ms(t1):.0f} ms; GETs {len(kinds.get('answer', []))}, first byte mean "
+        f"read {ms(t1):.0f} ms; GETs {len(kinds.get('answer', []))} ({late} of the first 64 "
+        f"asked > 5 ms late; {slow_tasks} tasks first ran > 5 ms after their spawn; permit "
+        f"waits {total('permit'):.0f} ms), first byte mean "
         f"{total('answer') / max(1, len(kinds.get('answer', []))):.1f} ms; last body ends at "
         f"{ms(last_body):.0f} ms; pins {len(pins)} ({total('pin'):.0f} ms, last ends "
         f"{ms(max((e[0] + e[1] / 1e3 for e in pins), default=t0)):.0f} ms); piece waits "

@@ -1,7 +1,8 @@
 //! The opt-in timeline of GPU transfers (`FERRIO_TRACE=1`): when each worker got its first task,
 //! made its ring's stream, pinned each buffer, read its first chunks and started its first
-//! copies, and how long it waited for the copy engine; for remote reads, each GET's wait for its
-//! first byte and its body, and, into GPU memory, each wait for a pinned piece and the copies —
+//! copies, and how long it waited for the copy engine; for remote reads, when each GET task first
+//! ran, its waits for the store's permit and for its first byte, and its body, and, into GPU
+//! memory, the copies' stream, each wait for a pinned piece, and the copies —
 //! so one run on a GPU machine shows where a fresh process's first read loses time.
 //!
 //! Off (the variable unset, empty or `0`), every call is one load of a cached flag. On, events

@@ -492,7 +492,10 @@ impl RemoteFile {
             // Each GET is a task of its own, so that the runtime's threads share the work of
             // receiving the bodies. The store's permit (GPU and host reads share the cap), then
             // the request.
+            let spawned = trace::start();
             let gets = async move {
+                // From the spawn to the task's first run.
+                trace::record("get-task", spawned, 0);
                 while let Some((share, _permit)) = next_share(&shares, &in_flight).await {
                     pinned.fetch(&share, &mut land_for(&share)).await?;
                 }
@@ -679,7 +682,9 @@ async fn next_share<'s>(
 ) -> Option<(Share, Option<tokio::sync::SemaphorePermit<'s>>)> {
     loop {
         // The cap is never closed; were it, the GETs would run uncapped rather than stop.
+        let waited = trace::start();
         let permit = in_flight.acquire().await.ok();
+        trace::record("permit", waited, 0);
         match shares.take() {
             Next::Range(share) => return Some((share, permit)),
             Next::Later => {
@@ -707,7 +712,10 @@ unsafe fn copy_landed<E: CopyEngine>(
     done: &Completion,
 ) -> Result<usize> {
     use tokio::sync::mpsc::error::TryRecvError;
-    let mut copies = PieceCopies::new(pool)?;
+    let started = trace::start();
+    let copies = PieceCopies::new(pool);
+    trace::record("copies", started, 0);
+    let mut copies = copies?;
     let mut copied = 0usize;
     let stopped = loop {
         if done.is_cancelled() {
