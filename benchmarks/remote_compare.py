@@ -218,6 +218,8 @@ def _report(n: int, t0: float) -> int:
                 "span": [ended - seconds, ended],
                 # How busy the whole machine (server included) was during the read.
                 "machine_busy": busy / total if total > 0 else float("nan"),
+                # The CPUs this process may run on (a GPU library may narrow them).
+                "cpus": len(os.sched_getaffinity(0)),
             }
         )
     )
@@ -294,7 +296,9 @@ def _run_client(
     if got["bytes"] != size:
         return f"read {got['bytes']} of {size} bytes"
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    print(f"    machine busy during the read: {got['machine_busy']:.0%}")
+    cpus = f"; the client may run on {got['cpus']} of {os.cpu_count()} CPUs"
+    narrowed = cpus if got["cpus"] != os.cpu_count() else ""
+    print(f"    machine busy during the read: {got['machine_busy']:.0%}{narrowed}")
     return size / GIB / got["seconds"], cpu / (size / GIB)
 
 
