@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 
+from trace_summary import parse as parse_trace
+
 CHILD = r"""
 import json, os, sys, time
 import cupy as cp
@@ -78,18 +80,6 @@ def variant_env(name: str) -> dict[str, str]:
     if name in VARIANTS:
         return VARIANTS[name]
     return dict(kv.split("=", 1) for kv in name.split("+"))
-
-
-def parse_trace(stderr: str) -> list[tuple[float, float, int, str, int]]:
-    """The FERRIO_TRACE lines: (start s, duration ms, thread, what, amount)."""
-    events = []
-    for line in stderr.splitlines():
-        parts = line.split()
-        if len(parts) == 6 and parts[0] == "ferrio-trace":
-            events.append(
-                (float(parts[1]), float(parts[2]), int(parts[3]), parts[4], int(parts[5]))
-            )
-    return events
 
 
 def summarise(events: list, at: list[float]) -> dict:
