@@ -70,6 +70,12 @@ fn data(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
 }
 
+/// The milliseconds set for the range that starts at `at` in one of the object's
+/// `(start, ms)` lists (`delay_at`, `crawl_at`).
+fn ms_at(list: &Mutex<Vec<(usize, u64)>>, at: usize) -> Option<u64> {
+    list.lock().unwrap().iter().find(|d| d.0 == at).map(|d| d.1)
+}
+
 fn serve(body: Vec<u8>) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
@@ -155,14 +161,7 @@ fn answer(conn: TcpStream, object: &Object) -> std::io::Result<()> {
         ));
         object.asked.lock().unwrap().extend(range);
         let start = range.map_or(0, |(a, _)| a);
-        let extra = object
-            .delay_at
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|d| d.0 == start)
-            .map(|d| d.1);
-        if let Some(ms) = extra {
+        if let Some(ms) = ms_at(&object.delay_at, start) {
             std::thread::sleep(Duration::from_millis(ms));
         }
         let n = object.gets.fetch_add(1, Ordering::Relaxed) + 1;
@@ -185,14 +184,7 @@ fn answer(conn: TcpStream, object: &Object) -> std::io::Result<()> {
             let b = b.min(body.len() - 1);
             let extra = format!("Content-Range: bytes {a}-{b}/{}\r\n", body.len());
             let reply = head("206 Partial Content", b + 1 - a, &etag, &extra);
-            let crawl = object
-                .crawl_at
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|c| c.0 == a)
-                .map(|c| c.1);
-            if let Some(ms) = crawl {
+            if let Some(ms) = ms_at(&object.crawl_at, a) {
                 conn.write_all(reply.as_bytes())?;
                 let mut sent = 0;
                 for piece in body[a..=b].chunks(16 << 10) {
