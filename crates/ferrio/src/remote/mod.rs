@@ -847,34 +847,31 @@ impl<E: CopyEngine> PieceLanding<E> {
     /// The landing of one GET.
     fn for_get(&self) -> IntoPieces<E> {
         IntoPieces {
-            read_offset: self.read_offset,
             filling: None,
-            pool: self.pool.clone(),
-            most: self.most,
-            landed: self.landed.clone(),
+            to: PieceLanding {
+                read_offset: self.read_offset,
+                pool: self.pool.clone(),
+                most: self.most,
+                landed: self.landed.clone(),
+            },
         }
     }
 }
 
 /// A device read's GET: the body fills pinned pieces taken as the bytes come, each handed to
 /// the copies as soon as it is full or the GET's range has landed. Fields drop in order (see
-/// [`PieceLanding`]): the piece and the pool before the sender.
+/// [`PieceLanding`]): the piece being filled before the pool and the sender.
 struct IntoPieces<E: CopyEngine> {
-    /// The object offset of the read's first byte (its place in device memory).
-    read_offset: u64,
     /// The piece being filled, and what of the read it holds so far.
     filling: Option<(Task, Piece<E>)>,
-    pool: Arc<PiecePool<E>>,
-    /// Most pieces the pool makes for this read ([`PiecePool::take`]).
-    most: usize,
-    landed: tokio::sync::mpsc::Sender<Result<(Task, Piece<E>)>>,
+    to: PieceLanding<E>,
 }
 
 impl<E: CopyEngine> IntoPieces<E> {
     /// Hands a piece over to the copies.
     async fn hand_over(&mut self, part: Task, piece: Piece<E>) -> Result<()> {
         let waited = trace::start();
-        let sent = self.landed.send(Ok((part, piece))).await;
+        let sent = self.to.landed.send(Ok((part, piece))).await;
         trace::record("hand-over", waited, 0);
         if sent.is_err() {
             // The copies stopped (an error, a cancel).
@@ -897,12 +894,12 @@ where
                 Some(filling) => filling,
                 None => {
                     let waited = trace::start();
-                    let piece = self.pool.take(self.most).await?;
+                    let piece = self.to.pool.take(self.to.most).await?;
                     trace::record("piece", waited, 0);
                     let part = Task {
                         offset: at,
                         len: 0,
-                        buf_offset: (at - self.read_offset) as usize,
+                        buf_offset: (at - self.to.read_offset) as usize,
                     };
                     (part, piece)
                 }
