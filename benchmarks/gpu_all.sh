@@ -42,7 +42,12 @@ export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
   for d in /sys/bus/virtio/drivers/virtio_balloon/virtio*; do
     [ -e "$d/features" ] && echo "virtio_balloon $(basename "$d"): free page reporting $(cut -c6 "$d/features")"
   done
-  echo "thp: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"; } >>"$S" 2>&1
+  echo "thp: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
+  # Whether the GPU driver mirrors the process's address space (HMM), which puts it in the path
+  # of every mapping change, and whether kernel stacks are readable (FERRIO_SAMPLE_MS).
+  echo "uvm_disable_hmm: $(cat /sys/module/nvidia_uvm/parameters/uvm_disable_hmm 2>/dev/null || echo n/a);" \
+    "$(nvidia-smi -q 2>/dev/null | grep -i 'addressing mode' | xargs)"
+  echo "kptr_restrict: $(cat /proc/sys/kernel/kptr_restrict)"; } >>"$S" 2>&1
 
 if want rusttests; then
 step rust-gpu-tests

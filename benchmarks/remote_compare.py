@@ -30,7 +30,11 @@ Each client reads the whole object into host memory in a fresh process; the clie
 in every round; the table shows medians, and the CPU time of the child (rusage) per GiB beside
 every rate. Targets (the issue): ferrio at default settings reaches 0.8 x min(requests in
 flight x cap, the loopback rate), 1.5 x the best peer at its defaults and 1.0 x the best peer
-at its best settings; into GPU memory 0.95 x the host rate (``--gpu``, CuPy).
+at its best settings; into GPU memory 0.95 x the host rate (``--gpu``, CuPy). The client
+``ferrio-cudahost`` reads into host memory from a process set up as the GPU read's (CUDA's
+context and the device allocation made first), to tell what the GPU read does from what a GPU
+library in the process does. ``FERRIO_SAMPLE_MS=N`` samples every thread's state for the read's
+first N ms (``_ThreadSampler``; with ``--trace-dir`` the samples land in the raw ``.trace``).
 
     python3 benchmarks/remote_compare.py --size 2GiB --rate 100m --delay-ms 50 --rounds 3
 """
@@ -72,6 +76,64 @@ def _host_buffer(size: int) -> Any:
     return buf
 
 
+# Kernel functions a thread waits in while it has nothing to do: left out of the samples.
+IDLE_WCHANS = {"0", "futex_wait_queue", "futex_wait", "do_epoll_wait", "ep_poll", "hrtimer_nanosleep",
+               "do_nanosleep", "pipe_read", "do_sys_poll", "do_select", "wait_woken", "futex_do_wait"}  # fmt: skip
+
+
+class _ThreadSampler:
+    """With ``FERRIO_SAMPLE_MS=N`` set, samples every thread of this process for the first N ms
+    of the read (about every 0.5 ms): its state and the kernel function it waits in
+    (``/proc/self/task/*/wchan``), and in uninterruptible sleep its kernel stack where readable.
+    Idle threads are left out. Written to stderr at the end as ``ferrio-sample <t> <tid> <name>
+    <state> <wchan> [stack]`` lines beside ferrio's own trace (``--trace-dir`` keeps them in the
+    raw ``.trace``): what a whole-process stall waits on."""
+
+    def __init__(self) -> None:
+        self.ms = float(os.environ.get("FERRIO_SAMPLE_MS", "0") or 0)
+        self.lines: list[str] = []
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.ms > 0:
+            self.thread = threading.Thread(target=self._run, daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        def read(path: str) -> str:
+            try:
+                with open(path) as f:
+                    return f.read()
+            except OSError:
+                return ""
+
+        me = threading.get_native_id()
+        end = time.monotonic() + self.ms / 1e3
+        while (now := time.monotonic()) < end:
+            for tid in os.listdir("/proc/self/task"):
+                if int(tid) == me:
+                    continue
+                stat = read(f"/proc/self/task/{tid}/stat")
+                if not stat:
+                    continue
+                name = stat[stat.index("(") + 1 : stat.rindex(")")].replace(" ", "_")
+                state = stat[stat.rindex(")") + 2]
+                wchan = read(f"/proc/self/task/{tid}/wchan").strip() or "0"
+                if state == "S" and wchan in IDLE_WCHANS:
+                    continue
+                stack = ""
+                if state == "D":
+                    frames = [ln.split()[-1] for ln in read(f"/proc/self/task/{tid}/stack").splitlines()]
+                    stack = " " + "<".join(f.split("+")[0] for f in frames[:12])
+                self.lines.append(f"ferrio-sample {now:.6f} {tid} {name} {state} {wchan}{stack}")
+            time.sleep(0.0005)
+
+    def dump(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            sys.stderr.write("".join(line + "\n" for line in self.lines))
+
+
 def _client(name: str, url: str, size: int) -> int:
     """Read the whole object at `url` with client `name`; return the bytes read and the time."""
     s3_key = url.split("/", 3)[3]  # capped/bucket/object.bin
@@ -88,20 +150,23 @@ def _client(name: str, url: str, size: int) -> int:
         kw: dict[str, Any] = {}
         if name == "ferrio-64":
             kw = {"concurrency": 64}
-        if name == "ferrio-gpu":
+        sampler = _ThreadSampler()
+        if name in ("ferrio-gpu", "ferrio-cudahost"):
+            # `ferrio-cudahost` reads into host memory from a process set up as the GPU read's
+            # (CUDA's context made, the same device allocation): whether that alone slows it.
             import cupy as cp
 
             dst = cp.empty(size, dtype=cp.uint8)
             cp.cuda.runtime.deviceSynchronize()
-            t0 = _start()
-            with ferrio.open_url(url, **kw) as f:
-                n = f.read(dst)
-            return _report(n, t0)
-        buf = _host_buffer(size)
+        if name != "ferrio-gpu":
+            dst = _host_buffer(size)
         t0 = _start()
+        sampler.start()
         with ferrio.open_url(url, **kw) as f:
-            n = f.read(buf)
-        return _report(n, t0)
+            n = f.read(dst)
+        n = _report(n, t0)
+        sampler.dump()
+        return n
     if name.startswith("obstore"):
         import obstore
         from obstore.store import HTTPStore
@@ -240,7 +305,7 @@ def _available(name: str) -> str | None:
         return f"{mod} is not installed"
     if name.startswith("fsspec") and importlib.util.find_spec("aiohttp") is None:
         return "aiohttp (fsspec's HTTP file system) is not installed"
-    if name == "ferrio-gpu":
+    if name in ("ferrio-gpu", "ferrio-cudahost"):
         try:
             import cupy as cp
 
