@@ -18,6 +18,26 @@ static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
 /// up with a fast network, and more would take cores from the caller.
 const MAX_THREADS: usize = 8;
 
+/// Descriptors the process's table holds before the runtime's threads start: a read's GETs
+/// open up to `remote_concurrency` sockets at once (64 by default), and a table that grows
+/// under them stalls every one of them for an RCU grace period ([`reserve_sockets`]). 1024
+/// slots cost the kernel 8 KiB and cover several reads at the default concurrency.
+const SOCKET_SLOTS: u32 = 1024;
+
+/// Grows the process's descriptor table now to room for the sockets of remote reads (1024
+/// descriptors, as far as `RLIMIT_NOFILE` allows), so that the first read's connections need
+/// not wait for it to grow.
+///
+/// In a process of several threads each growth of the table waits for an RCU grace period
+/// (15-25 ms measured), and every thread opening a descriptor waits with it: when 64 GETs open
+/// their sockets at once in a process whose GPU library already holds dozens of descriptors,
+/// half of them started 5-40 ms late. With one thread a growth costs nothing, so call this
+/// early, before other libraries start threads (the Python package calls it on import); ferrio
+/// calls it anyway before its remote runtime's threads start. Cheap once the table is large.
+pub fn reserve_sockets() {
+    crate::sys::reserve_descriptors(SOCKET_SLOTS);
+}
+
 /// A handle to this process's runtime, built on first use.
 ///
 /// # Errors
@@ -35,6 +55,8 @@ pub(crate) fn handle() -> Result<Handle> {
         // The parent's runtime: dropping it would join threads this process does not have.
         std::mem::forget(inherited);
     }
+    // Before the runtime's threads exist: a process of one thread grows its table for free.
+    reserve_sockets();
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)
