@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 
+from thread_sampler import summarise as sample_summary
 from trace_summary import parse as parse_trace
 
 CHILD = r"""
@@ -37,6 +38,9 @@ import json, os, sys, time
 import cupy as cp
 import ferrio
 path, small = sys.argv[1], int(sys.argv[2])
+sys.path.insert(0, sys.argv[3])
+from thread_sampler import ThreadSampler
+sampler = ThreadSampler()  # FERRIO_SAMPLE_MS: the first read's threads, sampled
 # FIRSTCALL_FRESH_SECOND=1: the second read goes to a new array (GPU memory not yet written).
 fresh = os.environ.get("FIRSTCALL_FRESH_SECOND") == "1"
 # FIRSTCALL_TOUCH_FIRST=1: the array is written (zeroed) before the first read's clock.
@@ -55,8 +59,12 @@ with ferrio.open(path) as f:
             first, arr = arr, cp.empty(size, dtype=cp.uint8)
             cp.cuda.runtime.deviceSynchronize()
         # time.monotonic is CLOCK_MONOTONIC, the clock of the FERRIO_TRACE lines.
+        if name == "first":
+            sampler.start()
         t0 = time.monotonic(); n = f.read(arr); cp.cuda.runtime.deviceSynchronize()
         t1 = time.monotonic()
+        if name == "first":
+            sampler.dump()
         out[name + "_s"] = t1 - t0
         out[name + "_at"] = [t0, t1]
         assert n == size
@@ -250,15 +258,18 @@ def part_driver(buf_mib: int, count: int) -> dict:
     return res
 
 
-def run_child(path: str, small: bool, env_extra: dict) -> tuple[dict, list]:
+HERE = os.path.dirname(os.path.abspath(__file__))  # the children import thread_sampler from here
+
+
+def run_child(path: str, small: bool, env_extra: dict) -> tuple[dict, list, str]:
     env = dict(os.environ, FERRIO_TRACE="1", **env_extra)
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, path, str(int(small))],
+        [sys.executable, "-c", CHILD, path, str(int(small)), HERE],
         capture_output=True, text=True, check=False, env=env,
     )  # fmt: skip
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     res = json.loads(line[-1]) if line else {"error": r.stderr[-400:]}
-    return res, parse_trace(r.stderr)
+    return res, parse_trace(r.stderr), r.stderr
 
 
 def main() -> None:
@@ -286,7 +297,7 @@ def main() -> None:
         # Alternate the order too, so no variant always runs right after the same other one.
         order = names if rnd % 2 == 0 else names[::-1]
         for name in order:
-            res, events = run_child(args.file, args.small, variant_env(name))
+            res, events, stderr = run_child(args.file, args.small, variant_env(name))
             res["round"] = rnd
             if "gib" not in res:
                 print(name, res, flush=True)
@@ -306,10 +317,16 @@ def main() -> None:
                 f"({tf['pins_on_workers']})",
                 flush=True,
             )
+            sampled = "ferrio-sample" in stderr
+            samples = sample_summary(stderr, res["first_at"][0]) if sampled else ""
+            if sampled:
+                print("  thread samples of the first read:" + samples.splitlines()[0], flush=True)
             if shown[name] < args.timelines:
                 shown[name] += 1
                 print(f"timeline of {name}'s first read (ms from its start: what@start(duration)):")
                 print(timeline(events, res["first_at"]), flush=True)
+                if sampled:
+                    print(f"thread samples of {name}'s first read (FERRIO_SAMPLE_MS):\n{samples}")
     print("\nmedians, fresh process per row; ratio = first-read rate / second-read rate (>= 0.9):")
     head = f"{'variant':<20} {'first GiB/s':>11} {'second':>8} {'ratio':>6}"
     print(head + "  trace of the first read (medians)")

@@ -34,7 +34,7 @@ at its best settings; into GPU memory 0.95 x the host rate (``--gpu``, CuPy). Th
 ``ferrio-cudahost`` reads into host memory from a process set up as the GPU read's (CUDA's
 context and the device allocation made first), to tell what the GPU read does from what a GPU
 library in the process does. ``FERRIO_SAMPLE_MS=N`` samples every thread's state for the read's
-first N ms (``_ThreadSampler``; with ``--trace-dir`` the samples land in the raw ``.trace``).
+first N ms (``thread_sampler.py``; with ``--trace-dir`` the samples land in the raw ``.trace``).
 
     python3 benchmarks/remote_compare.py --size 2GiB --rate 100m --delay-ms 50 --rounds 3
 """
@@ -76,64 +76,6 @@ def _host_buffer(size: int) -> Any:
     return buf
 
 
-# Kernel functions a thread waits in while it has nothing to do: left out of the samples.
-IDLE_WCHANS = {"0", "futex_wait_queue", "futex_wait", "do_epoll_wait", "ep_poll", "hrtimer_nanosleep",
-               "do_nanosleep", "pipe_read", "do_sys_poll", "do_select", "wait_woken", "futex_do_wait"}  # fmt: skip
-
-
-class _ThreadSampler:
-    """With ``FERRIO_SAMPLE_MS=N`` set, samples every thread of this process for the first N ms
-    of the read (about every 0.5 ms): its state and the kernel function it waits in
-    (``/proc/self/task/*/wchan``), and in uninterruptible sleep its kernel stack where readable.
-    Idle threads are left out. Written to stderr at the end as ``ferrio-sample <t> <tid> <name>
-    <state> <wchan> [stack]`` lines beside ferrio's own trace (``--trace-dir`` keeps them in the
-    raw ``.trace``): what a whole-process stall waits on."""
-
-    def __init__(self) -> None:
-        self.ms = float(os.environ.get("FERRIO_SAMPLE_MS", "0") or 0)
-        self.lines: list[str] = []
-        self.thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self.ms > 0:
-            self.thread = threading.Thread(target=self._run, daemon=True)
-            self.thread.start()
-
-    def _run(self) -> None:
-        def read(path: str) -> str:
-            try:
-                with open(path) as f:
-                    return f.read()
-            except OSError:
-                return ""
-
-        me = threading.get_native_id()
-        end = time.monotonic() + self.ms / 1e3
-        while (now := time.monotonic()) < end:
-            for tid in os.listdir("/proc/self/task"):
-                if int(tid) == me:
-                    continue
-                stat = read(f"/proc/self/task/{tid}/stat")
-                if not stat:
-                    continue
-                name = stat[stat.index("(") + 1 : stat.rindex(")")].replace(" ", "_")
-                state = stat[stat.rindex(")") + 2]
-                wchan = read(f"/proc/self/task/{tid}/wchan").strip() or "0"
-                if state == "S" and wchan in IDLE_WCHANS:
-                    continue
-                stack = ""
-                if state == "D":
-                    frames = [ln.split()[-1] for ln in read(f"/proc/self/task/{tid}/stack").splitlines()]
-                    stack = " " + "<".join(f.split("+")[0] for f in frames[:12])
-                self.lines.append(f"ferrio-sample {now:.6f} {tid} {name} {state} {wchan}{stack}")
-            time.sleep(0.0005)
-
-    def dump(self) -> None:
-        if self.thread is not None:
-            self.thread.join()
-            sys.stderr.write("".join(line + "\n" for line in self.lines))
-
-
 def _client(name: str, url: str, size: int) -> int:
     """Read the whole object at `url` with client `name`; return the bytes read and the time."""
     s3_key = url.split("/", 3)[3]  # capped/bucket/object.bin
@@ -150,7 +92,9 @@ def _client(name: str, url: str, size: int) -> int:
         kw: dict[str, Any] = {}
         if name == "ferrio-64":
             kw = {"concurrency": 64}
-        sampler = _ThreadSampler()
+        from thread_sampler import ThreadSampler
+
+        sampler = ThreadSampler()
         if name in ("ferrio-gpu", "ferrio-cudahost"):
             # `ferrio-cudahost` reads into host memory from a process set up as the GPU read's
             # (CUDA's context made, the same device allocation): whether that alone slows it.
@@ -351,9 +295,12 @@ def _run_client(
         return f"failed (exit {out.returncode}): {last}"
     got = json.loads(out.stdout.strip().splitlines()[-1])
     if trace is not None:
+        from thread_sampler import summarise as samples
         from trace_summary import parse, summarise
 
         text = summarise(parse(out.stderr), got["span"])
+        if "ferrio-sample" in out.stderr:
+            text += "\nthread samples (FERRIO_SAMPLE_MS):\n" + samples(out.stderr, got["span"][0])
         trace.write_text(text + "\n")
         # The raw timeline beside it, for a closer look.
         trace.with_suffix(".trace").write_text(out.stderr)
