@@ -590,3 +590,32 @@ def test_http_into_cupy_through_pieces_shorter_than_the_ranges(
             assert f.read(dst, size=size, offset=offset) == size
             assert cp.asnumpy(dst[:size]).tobytes() == obj.body[offset:]
             assert int(dst[size]) == 0xA5
+
+
+_TABLE = """
+import resource, sys
+if sys.argv[1] == "ferrio":
+    import ferrio
+size = next(l for l in open("/proc/self/status") if l.startswith("FDSize:")).split()[1]
+print(size, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+
+
+def test_import_grows_the_descriptor_table_for_a_reads_sockets() -> None:
+    """`import ferrio` grows the descriptor table while the process has one thread: later,
+    among a GPU library's threads, a growth under a read's 64 new sockets waits for an RCU grace
+    period and holds up every GET (RESULTS.md, session 17)."""
+
+    def table(what: str) -> tuple[int, int]:
+        out = subprocess.run(
+            [sys.executable, "-c", _TABLE, what], capture_output=True, text=True, check=True
+        )
+        size, limit = out.stdout.split()
+        return int(size), int(limit)
+
+    plain, limit = table("plain")
+    want = min(1024, limit)
+    if plain >= want:
+        pytest.skip(f"a fresh interpreter here already has a table of {plain} descriptors")
+    grown, _ = table("ferrio")
+    assert grown >= want, f"table of {grown} after import, {plain} without; wanted {want}"

@@ -29,7 +29,7 @@ const SOCKET_SLOTS: u32 = 1024;
 /// not wait for it to grow.
 ///
 /// In a process of several threads each growth of the table waits for an RCU grace period
-/// (15-25 ms measured), and every thread opening a descriptor waits with it: when 64 GETs open
+/// (9-25 ms measured), and every thread opening a descriptor waits with it: when 64 GETs open
 /// their sockets at once in a process whose GPU library already holds dozens of descriptors,
 /// half of them started 5-40 ms late. With one thread a growth costs nothing, so call this
 /// early, before other libraries start threads (the Python package calls it on import); ferrio

@@ -511,7 +511,7 @@ pub fn may_write(path: &Path) -> io::Result<bool> {
 /// `RLIMIT_NOFILE` lets it), so that opening that many descriptors later never grows it.
 ///
 /// The kernel grows the table as descriptors are opened, doubling it; in a process of several
-/// threads each growth first waits for an RCU grace period (15-25 ms measured on the dev VM and
+/// threads each growth first waits for an RCU grace period (9-25 ms measured on the dev VM and
 /// the GPU machines), and every thread that opens a descriptor meanwhile waits too. With one
 /// thread a growth costs nothing. The table never shrinks. Best effort: on any failure the
 /// table stays as it was.
