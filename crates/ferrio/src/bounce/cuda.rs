@@ -146,6 +146,16 @@ impl CopyEngine for CudaEngine {
         calls::mem_host_alloc(self.context, len).map(NonNull::cast)
     }
 
+    /// Memory ferrio mapped itself is: the kernel hands out anonymous pages zero-filled, and
+    /// registering it with the driver faulted every page in. The driver's own
+    /// (`cuMemHostAlloc`) is not known to be.
+    fn pinned_is_zeroed(&self, ptr: NonNull<u8>) -> bool {
+        mapped()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&(ptr.as_ptr() as usize))
+    }
+
     unsafe fn free_pinned(&self, ptr: NonNull<u8>, _len: usize) -> Result<()> {
         let mapped_len = mapped()
             .lock()

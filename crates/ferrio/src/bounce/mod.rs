@@ -102,6 +102,13 @@ pub trait CopyEngine {
     /// When the memory cannot be allocated or pinned.
     fn alloc_pinned(&self, len: usize) -> Result<NonNull<u8>>;
 
+    /// Whether the memory [`alloc_pinned`](CopyEngine::alloc_pinned) returned at `ptr` is
+    /// already zero-filled and resident, so that a buffer need not be written before use. By
+    /// default it is not, and the buffer is zero-filled when made.
+    fn pinned_is_zeroed(&self, _ptr: NonNull<u8>) -> bool {
+        false
+    }
+
     /// Frees memory from [`alloc_pinned`](CopyEngine::alloc_pinned).
     ///
     /// # Safety

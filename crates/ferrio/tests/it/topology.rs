@@ -3,7 +3,7 @@
 
 use ferrio::bounce::{CopyEngine, CudaEngine};
 use ferrio::cuda::{self, Context, DeviceBuffer};
-use ferrio::Error;
+use ferrio::{Error, PinnedMemory};
 
 use crate::support::{assert_bytes_eq, random_bytes};
 
@@ -83,4 +83,32 @@ fn placed_memory_carries_copies(huge: bool) {
     // SAFETY: as above.
     unsafe { engine.free_pinned(down, len) }.expect("free");
     engine.destroy_stream(stream).expect("destroy");
+}
+
+/// Pinned memory ferrio maps itself (a 2 MiB buffer: huge pages, registered) comes zero-filled
+/// and says so, so that buffers are not written again before use; the driver's own
+/// (`cuMemHostAlloc`) does not claim to, and gets written.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
+fn mapped_pinned_memory_comes_zeroed_and_the_drivers_is_not_assumed_to() {
+    crate::require_cuda!();
+    let len = 2 << 20;
+    for pinned in [PinnedMemory::Mapped, PinnedMemory::Driver] {
+        let context = Context::primary(0).expect("context");
+        let engine = CudaEngine::new(context).expect("engine").pinning(pinned);
+        let _bound = engine.bind().expect("bind");
+        let p = engine.alloc_pinned(len).expect("pinned memory");
+        let zeroed = engine.pinned_is_zeroed(p);
+        assert_eq!(zeroed, pinned == PinnedMemory::Mapped, "{pinned:?}");
+        if zeroed {
+            // SAFETY: `p` holds `len` bytes of this engine's memory that nothing else uses.
+            let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), len) };
+            assert!(
+                bytes.iter().all(|&b| b == 0),
+                "mapped memory with a non-zero byte"
+            );
+        }
+        // SAFETY: from this engine's allocator, no copy in flight, freed once.
+        unsafe { engine.free_pinned(p, len) }.expect("free");
+    }
 }
