@@ -28,8 +28,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     // On import, while the process most likely has one thread and growing the descriptor table
     // is free: later, with a GPU library's threads about, the first remote read's sockets would
-    // wait for it to grow.
-    ferrio::remote::reserve_sockets();
+    // wait for it to grow. With threads already about, the first remote read grows it.
+    ferrio::remote::reserve_sockets_while_alone();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<file::File>()?;
     m.add_class::<remote::RemoteFile>()?;

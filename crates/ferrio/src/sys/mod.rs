@@ -544,6 +544,14 @@ pub fn reserve_descriptors(entries: u32) {
     }
 }
 
+/// How many threads this process has (`Threads:` in `/proc/self/status`), or `None` where that
+/// cannot be read.
+pub fn thread_count() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Threads:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Whether a process with this id exists on this machine (`kill(pid, 0)`; a process of another
 /// user counts as existing).
 pub fn process_exists(pid: u32) -> bool {
@@ -681,6 +689,17 @@ mod tests {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let line = status.lines().find(|l| l.starts_with("FDSize:")).unwrap();
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn the_thread_count_sees_a_new_thread() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let parked = std::thread::spawn(move || rx.recv());
+        let with = thread_count().expect("thread count");
+        // The test's own thread and the parked one at least.
+        assert!(with >= 2, "{with} threads");
+        tx.send(()).unwrap();
+        parked.join().unwrap().unwrap();
     }
 
     #[test]
