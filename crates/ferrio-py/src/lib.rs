@@ -26,10 +26,10 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    // On import, while the process most likely has one thread and growing the descriptor table
-    // is free: later, with a GPU library's threads about, the first remote read's sockets would
-    // wait for it to grow. With threads already about, the first remote read grows it.
-    ferrio::remote::reserve_sockets_while_alone();
+    // On import: growing the descriptor table now is free while the process has one thread,
+    // and with threads about it waits out its grace period in the background; later, among a
+    // GPU library's threads, the first remote read's sockets would wait for it to grow.
+    ferrio::remote::reserve_sockets_soon();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<file::File>()?;
     m.add_class::<remote::RemoteFile>()?;

@@ -52,7 +52,7 @@ use share::{Next, Share, Shares};
 
 pub(crate) use list::{as_prefix, can_list, encode_key_part, is_plain_name, list_prefix_until};
 pub use list::{list_prefix, ListedObject};
-pub use runtime::{reserve_sockets, reserve_sockets_while_alone};
+pub use runtime::{reserve_sockets, reserve_sockets_soon};
 pub use store::is_remote_url;
 pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MAX_PARTS, MIN_PART_SIZE};
 

@@ -32,20 +32,27 @@ const SOCKET_SLOTS: u32 = 1024;
 /// (9-25 ms measured), and every thread opening a descriptor waits with it: when 64 GETs open
 /// their sockets at once in a process whose GPU library already holds dozens of descriptors,
 /// half of them started 5-40 ms late. With one thread a growth costs nothing, so call this
-/// early, before other libraries start threads ([`reserve_sockets_while_alone`] does only
-/// then); ferrio calls it anyway before its remote runtime's threads start. Cheap once the
+/// early, before other libraries start threads ([`reserve_sockets_soon`] does it then, and in
+/// the background otherwise); ferrio calls it anyway before its remote runtime's threads start. Cheap once the
 /// table is large.
 pub fn reserve_sockets() {
     crate::sys::reserve_descriptors(SOCKET_SLOTS);
 }
 
-/// [`reserve_sockets`] if this process has one thread, when it costs nothing; with more, it is
-/// left to the first remote read (whose runtime does it before starting its threads), so that a
-/// process that never reads a remote object never waits for a grace period. The Python
-/// package calls this on import.
-pub fn reserve_sockets_while_alone() {
+/// [`reserve_sockets`] now if this process has one thread, when it costs nothing; with more
+/// (a library imported earlier may have started a pool: numpy's BLAS does), on a short-lived
+/// thread of its own that waits out the grace period in the background, so the caller never
+/// waits and a remote read made later finds the table grown. Only a thread opening a
+/// descriptor beyond the table's old size meanwhile waits for it. The Python package calls
+/// this on import.
+pub fn reserve_sockets_soon() {
     if crate::sys::thread_count() == Some(1) {
         reserve_sockets();
+    } else {
+        // Best effort, as the reservation itself: without a thread the first read does it.
+        let _ = std::thread::Builder::new()
+            .name("ferrio-reserve".into())
+            .spawn(reserve_sockets);
     }
 }
 
