@@ -35,6 +35,8 @@ at its best settings; into GPU memory 0.95 x the host rate (``--gpu``, CuPy). Th
 context and the device allocation made first), to tell what the GPU read does from what a GPU
 library in the process does. ``FERRIO_SAMPLE_MS=N`` samples every thread's state for the read's
 first N ms (``thread_sampler.py``; with ``--trace-dir`` the samples land in the raw ``.trace``).
+``FERRIO_BENCH_IMPORT_FIRST=numpy:cupy`` (or ``ferrio-gpu@FERRIO_BENCH_IMPORT_FIRST=...``) makes
+a ferrio client import those modules before ferrio, as a user's program would.
 
     python3 benchmarks/remote_compare.py --size 2GiB --rate 100m --delay-ms 50 --rounds 3
 """
@@ -81,6 +83,12 @@ def _client(name: str, url: str, size: int) -> int:
     s3_key = url.split("/", 3)[3]  # capped/bucket/object.bin
     endpoint = url[: url.index("/", len("http://"))]
     if name.startswith("ferrio"):
+        import importlib
+
+        # `FERRIO_BENCH_IMPORT_FIRST=numpy:cupy`: modules imported before ferrio, as a user's
+        # program would (numpy's BLAS starts threads on import).
+        for module in filter(None, os.environ.get("FERRIO_BENCH_IMPORT_FIRST", "").split(":")):
+            importlib.import_module(module)
         import ferrio
 
         # `ferrio@NAME=VALUE+NAME=VALUE` (or `ferrio-gpu@...`): ferrio with settings changed
