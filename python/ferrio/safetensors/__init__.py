@@ -366,8 +366,15 @@ def _load(fw: Framework, ckpt: _Checkpoint, tensors: list[_Tensor]) -> dict[str,
     for t in tensors:
         fw.check_dtype(t.name, t.dtype)
     load = _Load(fw, ckpt, tensors)
-    load.wait(load.start(load.runs), load.runs)
-    return {t.name: load.view(t) for t in tensors}
+    futures = load.start(load.runs)
+    try:
+        # A view needs the buffer, not its bytes: made while the reads run.
+        views = {t.name: load.view(t) for t in tensors}
+    except BaseException:
+        ferrio.wait(futures)  # the reads end before the buffer can go
+        raise
+    load.wait(futures, load.runs)
+    return views
 
 
 def _load_shared(
