@@ -33,8 +33,8 @@ const SOCKET_SLOTS: u32 = 1024;
 /// their sockets at once in a process whose GPU library already holds dozens of descriptors,
 /// half of them started 5-40 ms late. With one thread a growth costs nothing, so call this
 /// early, before other libraries start threads ([`reserve_sockets_soon`] does it then, and in
-/// the background otherwise); ferrio calls it anyway before its remote runtime's threads start. Cheap once the
-/// table is large.
+/// the background otherwise); ferrio calls it anyway before its remote runtime's threads
+/// start. Cheap once the table is large.
 pub fn reserve_sockets() {
     crate::sys::reserve_descriptors(SOCKET_SLOTS);
 }

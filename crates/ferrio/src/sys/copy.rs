@@ -132,13 +132,8 @@ pub fn lutimens(path: &Path, atime: Timestamp, mtime: Timestamp) -> io::Result<(
 /// The process umask, read from `/proc/self/status` (Linux 4.7+) so that no thread's file
 /// creation races a set-and-restore; `0o022` when it cannot be read.
 pub fn umask() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Umask:"))
-                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
-        })
+    super::process_status("Umask")
+        .and_then(|v| u32::from_str_radix(&v, 8).ok())
         .unwrap_or(0o022)
 }
 

@@ -544,12 +544,20 @@ pub fn reserve_descriptors(entries: u32) {
     }
 }
 
+/// The value of one field of `/proc/self/status` (`"Threads"`, `"Umask"`, ...), trimmed, or
+/// `None` where the file or the field cannot be read.
+pub(crate) fn process_status(field: &str) -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| {
+        let value = l.strip_prefix(field)?.strip_prefix(':')?;
+        Some(value.trim().to_string())
+    })
+}
+
 /// How many threads this process has (`Threads:` in `/proc/self/status`), or `None` where that
 /// cannot be read.
 pub fn thread_count() -> Option<usize> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Threads:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    process_status("Threads")?.parse().ok()
 }
 
 /// Whether a process with this id exists on this machine (`kill(pid, 0)`; a process of another
@@ -686,9 +694,7 @@ mod tests {
 
     /// The size of this process's descriptor table (`FDSize` in `/proc/self/status`).
     fn descriptor_table_size() -> u64 {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let line = status.lines().find(|l| l.starts_with("FDSize:")).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+        process_status("FDSize").unwrap().parse().unwrap()
     }
 
     #[test]
