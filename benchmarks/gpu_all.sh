@@ -4,7 +4,7 @@
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
 #   bash benchmarks/gpu_all.sh [STEP...]
-#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint parts policy cligpu firstcall save remote multigpu
+#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint parts policy cligpu ringsetup firstcall save remote multigpu
 #          multickpt multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
@@ -144,6 +144,15 @@ python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import checkpoint_comp
 timeout "${PARTS_TIMEOUT:-240}" python3 benchmarks/warm_load_parts.py /root/ferrio-ckpt/single/model.safetensors \
   --rounds "${PARTS_ROUNDS:-4}" >"$LOGS/warm_load_parts.log" 2>&1
 grep -v "^#" "$LOGS/warm_load_parts.log" | tee -a "$S"
+fi
+
+if want ringsetup; then
+step ring-setup
+# What 16 workers' rings cost the driver to set up, made the ways benchmarks/ring_setup.py names
+# (ctypes, no ferrio; a fresh process per row).
+timeout "${RINGSETUP_TIMEOUT:-120}" python3 benchmarks/ring_setup.py --rounds "${RINGSETUP_ROUNDS:-5}" \
+  >"$LOGS/ring_setup.log" 2>&1
+sed -n '/^medians/,$p' "$LOGS/ring_setup.log" | tee -a "$S"
 fi
 
 if want firstcall; then
