@@ -28,8 +28,14 @@ LOADERS = ["safetensors", "fastsafetensors", "runai", "instanttensor", "ferrio"]
 
 # The child: argv = loader, device, files...; prints one JSON line.
 CHILD = r"""
-import json, sys, time, torch
+import importlib, json, os, sys, time, torch
 loader, device, files = sys.argv[1], sys.argv[2], sys.argv[3:]
+if os.environ.get("CKPT_IMPORT_EARLY") == "1":
+    # As a script with its imports at the top does: the loader before the CUDA context.
+    try:
+        importlib.import_module({"ferrio": "ferrio.safetensors.torch"}.get(loader, loader))
+    except ImportError:
+        pass  # reported below
 torch.cuda.init(); torch.zeros(1, device=device); torch.cuda.synchronize()
 torch.cuda.reset_peak_memory_stats()
 try:
@@ -238,13 +244,14 @@ def disk_shape(before: list[int] | None, after: list[int] | None) -> dict:
 
 def run_child(loader: str, device: str, files: list[str]) -> dict:
     # "ferrio@NAME=VALUE+NAME=VALUE": ferrio with settings, given to the child as FERRIO_*
-    # (PYTHONPATH as itself: another build of ferrio to compare against). Another loader's
-    # variables go as they are written ("fastsafetensors@FASTSAFETENSORS_ODIRECT=0").
+    # (PYTHONPATH as itself: another build of ferrio to compare against; CKPT_IMPORT_EARLY=1
+    # imports the loader before the CUDA context is made, as a script's imports do). Another
+    # loader's variables go as they are written ("fastsafetensors@FASTSAFETENSORS_ODIRECT=0").
     base, _, opts = loader.partition("@")
     env = dict(os.environ)
     for kv in filter(None, opts.split("+")):
         name, _, value = kv.partition("=")
-        ferrio_setting = base == "ferrio" and name != "PYTHONPATH"
+        ferrio_setting = base == "ferrio" and name != "PYTHONPATH" and not name.startswith("CKPT_")
         env["FERRIO_" + name.upper() if ferrio_setting else name] = value
     return run_python(CHILD, [base, device, *files], env)
 
