@@ -373,6 +373,8 @@ fn read_to_gpu(
     total: u64,
     json_out: bool,
 ) -> anyhow::Result<Finished> {
+    // The rings' memory is faulted in while the driver starts (`prepare_pinned_soon`).
+    ferrio::prepare_pinned_soon();
     let info = ferrio::cuda::driver_info()?;
     if gpu >= info.device_count {
         return Err(crate::UsageError(format!(

@@ -30,6 +30,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // and with threads about it waits out its grace period in the background; later, among a
     // GPU library's threads, the first remote read's sockets would wait for it to grow.
     ferrio::remote::reserve_sockets_soon();
+    // On a machine with an NVIDIA driver, the first GPU read's ring memory is faulted in now, in
+    // the background, rather than on that read's critical path.
+    ferrio::prepare_pinned_soon();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<file::File>()?;
     m.add_class::<remote::RemoteFile>()?;

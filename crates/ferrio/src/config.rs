@@ -182,6 +182,9 @@ pub struct Settings {
     pub pinned_limit: u64,
     /// How the bounce rings' pinned memory is made.
     pub pinned_memory: PinnedMemory,
+    /// Fault in one GPU's worth of ring memory ahead, in the background, where a GPU read may
+    /// come (see [`crate::prepare_pinned_soon`]).
+    pub pinned_ahead: bool,
     /// Bytes per ranged GET when reading a remote object: the shortest ones of a large object.
     pub remote_range_size: u64,
     /// Longest ranged GET of a large remote object (its first ones).
@@ -219,6 +222,7 @@ impl Default for Settings {
             fill_reads: FillReads::Auto,
             pinned_limit: 0,
             pinned_memory: PinnedMemory::Driver,
+            pinned_ahead: false,
             remote_range_size: 0,
             remote_max_range_size: 0,
             remote_concurrency: 0,
@@ -458,6 +462,20 @@ pub const SETTINGS: &[SettingInfo] = &[
         get: |s| s.pinned_memory.to_string(),
         set: |s, v| {
             s.pinned_memory = v.parse().map_err(|_| PinnedMemory::FORMS)?;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "pinned_ahead",
+        env: "FERRIO_PINNED_AHEAD",
+        unit: "on/off",
+        default: "on",
+        doc: "on a machine with an NVIDIA driver, fault in the memory of one GPU's bounce rings \
+              on a background thread at `import ferrio` and when the CLI starts a GPU read, so \
+              that the first GPU read of a process only has to pin it (pinned_memory=mapped)",
+        get: |s| on_off(s.pinned_ahead).to_string(),
+        set: |s, v| {
+            s.pinned_ahead = flag(v)?;
             Ok(())
         },
     },

@@ -45,6 +45,7 @@ pub mod remote;
 pub mod safetensors;
 pub mod topology;
 
+pub use bounce::prepare_pinned_soon;
 pub use buffer::{AlignedBuf, IoBuf, IoBufMut};
 pub use config::{CacheMode, DirectMode, FillReads, PinnedMemory, Settings};
 pub use copy::{copy, CopyError, CopyMethod, CopyOptions, CopyProgress, CopyReport, DeviceTraffic};

@@ -16,8 +16,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use super::CopyEngine;
-use crate::config::PinnedMemory;
+use super::{ahead, CopyEngine};
+use crate::config::{PinnedMemory, Settings};
 use crate::cuda::{self, calls, Context, ContextGuard, DevicePtr, Event, Stream};
 use crate::error::{Error, Result};
 use crate::topology::Pinning;
@@ -28,6 +28,13 @@ use crate::{sys, topology};
 fn mapped() -> &'static Mutex<HashMap<usize, usize>> {
     static MAPPED: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
     MAPPED.get_or_init(Mutex::default)
+}
+
+/// Streams made for a context's rings before they asked, one pass for all: context id → the
+/// streams not yet handed out. Never dropped (a stream may not be destroyed at exit).
+fn spare_streams() -> &'static Mutex<HashMap<u64, Vec<Stream>>> {
+    static SPARE: OnceLock<Mutex<HashMap<u64, Vec<Stream>>>> = OnceLock::new();
+    SPARE.get_or_init(Mutex::default)
 }
 
 /// Set once the driver refused to register memory: later allocations go to `cuMemHostAlloc`
@@ -80,6 +87,16 @@ impl CudaEngine {
         node: Option<u32>,
         huge: bool,
     ) -> Result<NonNull<u8>> {
+        // Memory made ahead where it is what would be mapped here (huge pages, no node).
+        if huge && node.is_none() {
+            let register = |slab: NonNull<u8>, slab_len: usize| {
+                // SAFETY: the slab is mapped for the rest of the process and registered once.
+                unsafe { calls::mem_host_register(self.context, slab.cast(), slab_len) }
+            };
+            if let Some(p) = ahead::take(len, register) {
+                return Ok(p);
+            }
+        }
         let (p, mapped_len) = sys::numa::map_anonymous(len, node, huge).map_err(|e| {
             let what = format!("pinned memory of {len} bytes: {e}");
             if e.kind() == std::io::ErrorKind::OutOfMemory {
@@ -147,16 +164,20 @@ impl CopyEngine for CudaEngine {
     }
 
     /// Memory ferrio mapped itself is: the kernel hands out anonymous pages zero-filled, and
-    /// registering it with the driver faulted every page in. The driver's own
-    /// (`cuMemHostAlloc`) is not known to be.
+    /// mapping faulted every page in; so is a buffer of the slab made ahead that no ring has
+    /// given back. The driver's own (`cuMemHostAlloc`) is not known to be.
     fn pinned_is_zeroed(&self, ptr: NonNull<u8>) -> bool {
-        mapped()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&(ptr.as_ptr() as usize))
+        ahead::still_zero(ptr)
+            || mapped()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(&(ptr.as_ptr() as usize))
     }
 
     unsafe fn free_pinned(&self, ptr: NonNull<u8>, _len: usize) -> Result<()> {
+        if ahead::give_back(ptr) {
+            return Ok(()); // back to the slab made ahead, still pinned
+        }
         let mapped_len = mapped()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -179,7 +200,29 @@ impl CopyEngine for CudaEngine {
         }
     }
 
+    /// The first stream asked for in a context comes with the streams of the other rings a
+    /// read is likely to start ([`ahead::ring_workers`]), made at once on this thread before any
+    /// of their copies runs: 16 took 0.5 ms so on an H200, where 16 workers each making its own
+    /// while the others pinned and copied waited up to 9 ms for theirs
+    /// (`benchmarks/RESULTS.md`, "First call", session 18). Later rings take those first.
     fn create_stream(&self) -> Result<Stream> {
+        let mut spare = spare_streams().lock().unwrap_or_else(|e| e.into_inner());
+        match spare.get_mut(&self.context.id()) {
+            Some(left) => {
+                if let Some(stream) = left.pop() {
+                    return Ok(stream);
+                }
+            }
+            None => {
+                let others = ahead::ring_workers(&Settings::current()).saturating_sub(1);
+                // The others wait on the lock meanwhile, and take theirs right after.
+                let made = (0..others)
+                    .map_while(|_| Stream::new(self.context).ok())
+                    .collect();
+                spare.insert(self.context.id(), made);
+            }
+        }
+        drop(spare);
         Stream::new(self.context)
     }
 

@@ -22,16 +22,19 @@
 //! and the piece pools, share one cap on pinned memory ([`PinnedBudget`], from
 //! [`Settings::pinned_limit`]).
 //!
-//! A fresh ring pins all its buffers before its first copy. (Pinning only the first and the rest
-//! on a background thread was measured and gained nothing: the driver pins one allocation at a
-//! time whichever thread asks, and the background pins then hold up the workers' copies;
-//! `benchmarks/RESULTS.md`, "First call".) `FERRIO_TRACE=1` writes a timeline of the set-up and
-//! first copies at exit (`trace.rs`).
+//! A fresh ring pins all its buffers before its first copy. What makes that quick in a fresh
+//! process: the buffers' memory is faulted in ahead, in the background, where a GPU read may
+//! come (`ahead.rs`: fresh memory, not the pinning, is the slow part), and the first ring of a
+//! context makes the other rings' streams in the same pass, before any copy runs
+//! ([`CudaEngine`]). (Pinning only the first buffer and the rest later was measured twice and
+//! gained nothing; `benchmarks/RESULTS.md`, "First call".) `FERRIO_TRACE=1` writes a timeline
+//! of the set-up and first copies at exit (`trace.rs`).
 //!
 //! This module does no file I/O and no pointer classification; the ring never calls the driver
 //! except through a [`CopyEngine`]. The files:
 //!
 //! - `mod.rs`: the [`CopyEngine`] trait, [`PINNED_ALIGN`] and the shared [`PinnedBudget`];
+//! - `ahead.rs`: ring memory faulted in ahead ([`prepare_pinned_soon`]);
 //! - `ring.rs`: [`BounceRing`], one ring and its copy loop;
 //! - `pieces.rs`: [`PiecePool`] and [`PieceCopies`], pinned pieces that many tasks fill at once
 //!   and out of order (ranged GETs of a remote object) and that are copied to the device
@@ -42,6 +45,7 @@
 //! - `cuda.rs`: [`CudaEngine`], the engine over the real driver (through [`crate::cuda`]);
 //! - `emulated.rs`: [`emulated::EmulatedDevice`], the engine emulated in host memory.
 
+mod ahead;
 mod cuda;
 #[cfg(any(test, feature = "testing"))]
 pub mod emulated;
@@ -58,6 +62,9 @@ use crate::config::Settings;
 use crate::cuda::DevicePtr;
 use crate::error::Result;
 
+pub use self::ahead::prepare_pinned_soon;
+#[cfg(any(test, feature = "testing"))]
+pub use self::ahead::{made_ahead, make_ahead_now};
 pub use self::cuda::CudaEngine;
 pub(crate) use pieces::cuda_piece_pool;
 pub use pieces::{Piece, PieceCopies, PiecePool};

@@ -218,6 +218,56 @@ pub(crate) fn get() -> Result<&'static Driver> {
     Ok(driver)
 }
 
+/// Whether this process has started CUDA already: the driver library is loaded (by anyone) and
+/// a device's primary context (the one CUDA's runtime, PyTorch and CuPy use) is active. Asked
+/// without loading or initialising the driver: where it is not loaded, or loaded and not
+/// initialised (`cuDeviceGetCount` refuses), the answer is no.
+pub fn primary_context_active() -> bool {
+    type GetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
+    type Get = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+    type GetState = unsafe extern "C" fn(c_int, *mut c_uint, *mut c_int) -> c_int;
+    for name in LIBRARY_NAMES {
+        // SAFETY: `name` is NUL-terminated; with `RTLD_NOLOAD` nothing is loaded or initialised:
+        // a handle comes back only for a library loaded already, and is closed below.
+        let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        if lib.is_null() {
+            continue;
+        }
+        let active = (|| {
+            let count = symbol(lib, c"cuDeviceGetCount").ok()?;
+            let get = symbol(lib, c"cuDeviceGet").ok()?;
+            let state = symbol(lib, c"cuDevicePrimaryCtxGetState").ok()?;
+            // SAFETY: the driver API's own signatures for these three symbols.
+            let (count, get, state) = unsafe {
+                (
+                    std::mem::transmute::<*mut c_void, GetCount>(count),
+                    std::mem::transmute::<*mut c_void, Get>(get),
+                    std::mem::transmute::<*mut c_void, GetState>(state),
+                )
+            };
+            let mut n: c_int = 0;
+            // SAFETY: a live out-pointer; an uninitialised driver answers an error, not a count.
+            if unsafe { count(&mut n) } != CUDA_SUCCESS {
+                return Some(false);
+            }
+            Some((0..n).any(|ordinal| {
+                let (mut dev, mut flags, mut on): (c_int, c_uint, c_int) = (0, 0, 0);
+                // SAFETY: live out-pointers; `ordinal` is below the count just given.
+                let asked = unsafe {
+                    get(&mut dev, ordinal) == CUDA_SUCCESS
+                        && state(dev, &mut flags, &mut on) == CUDA_SUCCESS
+                };
+                asked && on != 0
+            }))
+        })();
+        // SAFETY: `lib` is the handle dlopen returned above, closed once; that only drops the
+        // reference it took.
+        unsafe { libc::dlclose(lib) };
+        return active.unwrap_or(false);
+    }
+    false
+}
+
 fn load() -> std::result::Result<Driver, String> {
     let mut failures = Vec::new();
     let mut lib = std::ptr::null_mut();

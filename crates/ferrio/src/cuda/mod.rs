@@ -32,6 +32,7 @@ mod stream;
 
 pub use buffer::DeviceBuffer;
 pub use context::{Context, ContextGuard};
+pub use driver::primary_context_active;
 pub(crate) use driver::CUDA_ERROR_OUT_OF_MEMORY;
 pub(crate) use pointer::device_context;
 pub use pointer::{classify, try_classify, DevicePtr, Memory};

@@ -30,7 +30,8 @@ pub use future::{wait_all, IoFuture};
 pub use registry::stats;
 pub(crate) use registry::{pool_for_device, pool_in_this_process};
 #[cfg(any(test, feature = "testing"))]
-pub use threads::{default_threads, suggested_threads};
+pub use threads::suggested_threads;
+pub use threads::default_threads;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
