@@ -204,7 +204,7 @@ impl CopyEngine for CudaEngine {
     /// read is likely to start ([`ahead::ring_workers`]), made at once on this thread before any
     /// of their copies runs: 16 took 0.5 ms so on an H200, where 16 workers each making its own
     /// while the others pinned and copied waited up to 9 ms for theirs
-    /// (`benchmarks/RESULTS.md`, "First call", session 18). Later rings take those first.
+    /// (`benchmarks/RESULTS.md`, "Checkpoints", session 18). Later rings take those first.
     fn create_stream(&self) -> Result<Stream> {
         let mut spare = spare_streams().lock().unwrap_or_else(|e| e.into_inner());
         match spare.get_mut(&self.context.id()) {
