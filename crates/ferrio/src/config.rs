@@ -471,8 +471,9 @@ pub const SETTINGS: &[SettingInfo] = &[
         unit: "on/off",
         default: "on",
         doc: "on a machine with an NVIDIA driver, fault in the memory of one GPU's bounce rings \
-              on a background thread at `import ferrio` and when the CLI starts a GPU read, so \
-              that the first GPU read of a process only has to pin it (pinned_memory=mapped)",
+              on a background thread at `import ferrio` and when the CLI starts a GPU read \
+              (not once the process has started CUDA), so that the first GPU read of a process \
+              only has to pin it (pinned_memory=mapped)",
         get: |s| on_off(s.pinned_ahead).to_string(),
         set: |s, v| {
             s.pinned_ahead = flag(v)?;

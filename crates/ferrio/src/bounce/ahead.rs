@@ -3,21 +3,23 @@
 //! Fresh memory is the slow part of a ring's set-up. The kernel zeroes every page it hands
 //! out, and on the H200 machine that ran at about 5 GiB/s however many threads asked (64 MiB of
 //! huge pages: 13.5 ms from one thread, 16.9 ms from 16), while registering memory already
-//! faulted in took 0.1 ms per 2 MiB call and 1.7 ms for 64 MiB in one (`benchmarks/ring_setup.py`).
+//! faulted in took 0.1 ms per 2 MiB call and 1.7 ms for 64 MiB in one
+//! (`benchmarks/ring_setup.py`).
 //! A fresh process's first read into GPU memory waited ~12 ms for its 16 workers' rings, all of
 //! it on the critical path.
 //!
 //! [`prepare_pinned_soon`] maps and faults in one GPU's worth of ring buffers, as one huge-page
 //! mapping (the *slab*), on a short-lived thread of its own, where that can pay: the process can
 //! see an NVIDIA driver but has not started CUDA yet, rings are mapped by ferrio in huge pages
-//! (`pinned_memory=mapped`), and the machine has one NUMA node (elsewhere rings go on the GPU's node, which takes the driver to
-//! find out). The Python package calls it on import, the CLI before it starts the driver for a
-//! GPU read. The first ring buffer [`CudaEngine`](super::CudaEngine) asks for once the slab is
-//! whole registers all of it with one call (for every context); rings take their buffers from it
-//! while any are left, and map fresh ones after. A buffer freed goes back to the slab, still
-//! pinned. The slab is not pinned before that first ask, and stays mapped (resident) until the
-//! process exits; its buffers count against `pinned_limit` only while a ring holds them. A forked
-//! child never takes its parent's (the mapping is not inherited).
+//! (`pinned_memory=mapped`), and the machine has one NUMA node (elsewhere rings go on the GPU's
+//! node, which takes the driver to find out). The Python package calls it on import, the CLI
+//! before it starts the driver for a GPU read. The first ring buffer
+//! [`CudaEngine`](super::CudaEngine) asks for once the slab is whole registers all of it with one
+//! call (for every context); rings take their buffers from it while any are left, and map fresh
+//! ones after. A buffer freed goes back to the slab, still pinned. The slab is not pinned before
+//! that first ask, and stays mapped (resident) until the process exits; its buffers count
+//! against `pinned_limit` only while a ring holds them. A forked child never takes its parent's
+//! (the mapping is not inherited).
 
 use std::collections::HashSet;
 use std::ptr::NonNull;
@@ -26,7 +28,7 @@ use std::sync::Mutex;
 
 use super::PINNED_ALIGN;
 use crate::blockdev::DiskKind;
-use crate::config::{PinnedMemory, Settings};
+use crate::config::Settings;
 use crate::error::Result;
 use crate::topology::{self, Pinning};
 use crate::{pool, sys};
@@ -56,7 +58,7 @@ static MADE: Mutex<Option<Made>> = Mutex::new(None);
 /// at once. A process's first GPU read then pins that memory (one call) instead of getting fresh
 /// memory, whose zeroing by the kernel is the slow part of its set-up. Only on a machine with an
 /// NVIDIA driver and one NUMA node, with `pinned_memory=mapped` and transparent huge pages, and
-/// while nothing in the process has loaded the CUDA driver yet (after that a read may come at
+/// not in a process that holds an active CUDA primary context already (a read may then come at
 /// once, and would compete with the faulting). Once per process: later calls do nothing. Off
 /// with `pinned_ahead=off`.
 pub fn prepare_pinned_soon() {
@@ -95,10 +97,9 @@ fn worth_making(settings: &Settings) -> Option<(usize, usize)> {
         huge: true,
         node: None,
     };
-    if !one_node
-        || settings.pinned_memory != PinnedMemory::Mapped
-        || topology::pinning(settings.pinned_memory, len, None) != mapped
-    {
+    // `pinning` answers `Mapped` only for `pinned_memory=mapped`, in huge pages only where the
+    // kernel gives them to buffers this large.
+    if !one_node || topology::pinning(settings.pinned_memory, len, None) != mapped {
         return None;
     }
     Some((len, buffers_for(settings, len))).filter(|&(_, count)| count > 0)

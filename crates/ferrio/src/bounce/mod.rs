@@ -27,8 +27,8 @@
 //! come (`ahead.rs`: fresh memory, not the pinning, is the slow part), and the first ring of a
 //! context makes the other rings' streams in the same pass, before any copy runs
 //! ([`CudaEngine`]). (Pinning only the first buffer and the rest later was measured twice and
-//! gained nothing; `benchmarks/RESULTS.md`, "First call" and "Checkpoints", session 18.) `FERRIO_TRACE=1` writes a timeline
-//! of the set-up and first copies at exit (`trace.rs`).
+//! gained nothing; `benchmarks/RESULTS.md`, "First call" and "Checkpoints", session 18.)
+//! `FERRIO_TRACE=1` writes a timeline of the set-up and first copies at exit (`trace.rs`).
 //!
 //! This module does no file I/O and no pointer classification; the ring never calls the driver
 //! except through a [`CopyEngine`]. The files:

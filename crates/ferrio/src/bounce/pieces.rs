@@ -18,8 +18,9 @@
 //! [`MIN_PIECES`] (the budget's soft cap, as for rings). Pieces stay in the pool for later reads.
 //! A pool frees its memory when the last handle to it goes; the pools of the real driver are kept
 //! in a process-wide set that is never dropped, so at exit they are leaked, like the threads'
-//! rings, rather than freed through a driver that may be gone. A copy that fails while running poisons the pool: its pieces may still be read by
-//! copies nobody can wait for, so they are leaked, and the set replaces the pool.
+//! rings, rather than freed through a driver that may be gone. A copy that fails while running
+//! poisons the pool: its pieces may still be read by copies nobody can wait for, so they are
+//! leaked, and the set replaces the pool.
 //!
 //! Generic over [`CopyEngine`] like the ring; this file does no I/O and knows no source.
 
