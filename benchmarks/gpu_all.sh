@@ -4,7 +4,7 @@
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
 #   bash benchmarks/gpu_all.sh [STEP...]
-#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint parts policy cligpu ringsetup firstcall save remote multigpu
+#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint parts policy cligpu ringsetup pcreg firstcall save remote multigpu
 #          multickpt multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
@@ -164,6 +164,19 @@ F=/root/ferrio-first-call.bin
 timeout "${FIRSTCALL_TIMEOUT:-150}" python3 benchmarks/first_call.py "$F" --rounds "${FIRSTCALL_ROUNDS:-4}" \
   --variants "${FIRSTCALL_VARIANTS:-mapped,driver}" --json "$LOGS/first_call.json" >"$LOGS/first_call.log" 2>&1
 sed -n '/^medians/,$p' "$LOGS/first_call.log" | head -12 | tee -a "$S"
+rm -f "$F"
+fi
+
+if want pcreg; then
+step page-cache-register
+# Whether the page cache itself can be a host -> device copy's source (pinned read-only with
+# cuMemHostRegister, no CPU copy): the driver alone, ctypes, a warm 8 GiB file.
+F=/root/ferrio-pcreg.bin
+"$ROOT/.carry/bin/ferrio" write "$F" --size 8GiB >>"$S" 2>&1
+dd if="$F" of=/dev/null bs=16M status=none
+timeout "${PCREG_TIMEOUT:-180}" python3 benchmarks/page_cache_register.py "$F" --rounds "${PCREG_ROUNDS:-3}" \
+  ${PCREG_VARIANTS:+--variants "$PCREG_VARIANTS"} >"$LOGS/page_cache_register.log" 2>&1
+grep -E "^(attributes|  )|failed" "$LOGS/page_cache_register.log" | tee -a "$S"
 rm -f "$F"
 fi
 
