@@ -8,7 +8,8 @@ pages, mapping and faulting in on the clock (`--no-driver` skips it). Part 2, fe
 in fresh processes: the first read of a page-cache-warm file into a CuPy array against the
 second, for each variant of the ring set-up (`--variants`; each a named set of `FERRIO_*`
 variables, or `NAME=VALUE+...` of any variables; `FIRSTCALL_FRESH_SECOND=1` makes the second
-read go to a new array, `FIRSTCALL_TOUCH_FIRST=1` writes the array before the first),
+read go to a new array, `FIRSTCALL_TOUCH_FIRST=1` writes the array before the first,
+`FIRSTCALL_IMPORT_LATE=1` imports ferrio after the CUDA context is made),
 variants alternating round by round, medians. Every child runs with `FERRIO_TRACE=1`; the
 timeline of its first read is summarised per variant (when the last worker had its ring, its
 first copy, the pinning done on the workers, waits), and the
@@ -36,7 +37,11 @@ from trace_summary import parse as parse_trace
 CHILD = r"""
 import json, os, sys, time
 import cupy as cp
-import ferrio
+# FIRSTCALL_IMPORT_LATE=1: ferrio is imported once the CUDA context exists (as a script that
+# imports it where it first needs it), not before.
+late = os.environ.get("FIRSTCALL_IMPORT_LATE") == "1"
+if not late:
+    import ferrio
 path, small = sys.argv[1], int(sys.argv[2])
 sys.path.insert(0, sys.argv[3])
 from thread_sampler import ThreadSampler
@@ -46,6 +51,8 @@ fresh = os.environ.get("FIRSTCALL_FRESH_SECOND") == "1"
 # FIRSTCALL_TOUCH_FIRST=1: the array is written (zeroed) before the first read's clock.
 touch = os.environ.get("FIRSTCALL_TOUCH_FIRST") == "1"
 cp.zeros(1); cp.cuda.runtime.deviceSynchronize()        # the CUDA context is not timed
+if late:
+    import ferrio
 with ferrio.open(path) as f:
     size = f.size
     arr = cp.empty(size, dtype=cp.uint8)
@@ -128,6 +135,13 @@ def summarise(events: list, at: list[float]) -> dict:
         "settle_ms_max": round(max(e[1] for e in settle), 2) if settle else None,
         "read_ms": round((t1 - t0) * 1e3, 2),
     }
+    # Ring memory made ahead (anywhere in the process's timeline): whether the thread found CUDA
+    # started, and when the slab was whole, in ms from this read's start.
+    for e in events:
+        if e[3] == "ahead-check":
+            out["ahead_found_cuda"] = e[4]
+        if e[3] == "ahead-made":
+            out["ahead_whole_ms"] = round(ms(e[0]) + e[1], 2)
     return out
 
 
@@ -314,7 +328,9 @@ def main() -> None:
                 f"({res['second_s'] * 1e3:.1f} ms), ratio {res['second_s'] / res['first_s']:.3f}; "
                 f"last ring ready {tf['ring_ready_ms_max']} ms, last first copy "
                 f"{tf['first_copy_ms_max']} ms, pinning on workers {tf['pin_ms_on_workers']} ms "
-                f"({tf['pins_on_workers']})",
+                f"({tf['pins_on_workers']}), event creation {tf['event_ms']} ms; ring memory "
+                f"made ahead: found CUDA started {tf.get('ahead_found_cuda')}, whole at "
+                f"{tf.get('ahead_whole_ms')} ms",
                 flush=True,
             )
             sampled = "ferrio-sample" in stderr
@@ -341,7 +357,7 @@ def main() -> None:
         ratio = statistics.median(r["second_s"] / r["first_s"] for r in ok)
         keys = (
             "ring_ready_ms_max", "first_copy_ms_max", "pin_ms_on_workers", "zero_ms",
-            "wait_ms_traced", "settle_ms_max",
+            "wait_ms_traced", "settle_ms_max", "event_ms", "ahead_whole_ms",
         )  # fmt: skip
         med = {}
         for k in keys:

@@ -94,7 +94,8 @@ elif variant == "whole":
         copy(dptr.value + off, base + off, min(piece, size - off), ss[k % 4])
     for s in ss: sync(s)
     out["copy"] = size / (1 << 30) / (time.perf_counter() - t1)
-    t2 = time.perf_counter(); unregister(base); out["unregister_ms"] = (time.perf_counter() - t2) * 1e3
+    t2 = time.perf_counter(); unregister(base)
+    out["unregister_ms"] = (time.perf_counter() - t2) * 1e3
     out["rate"] = size / (1 << 30) / (ms() / 1e3)
     check = True
 else:

@@ -26,7 +26,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
-use super::PINNED_ALIGN;
+use super::{trace, PINNED_ALIGN};
 use crate::blockdev::DiskKind;
 use crate::config::Settings;
 use crate::error::Result;
@@ -77,8 +77,13 @@ pub fn prepare_pinned_soon() {
             // 8 GiB load right after `import ferrio` in such a process ran at 41.6 GiB/s, against
             // 45.1 with the import before CUDA started; `benchmarks/RESULTS.md`, "Checkpoints",
             // session 18). Asked here, off the import: it looks the driver up.
-            if !crate::cuda::primary_context_active() {
+            let started = trace::start();
+            let active = crate::cuda::primary_context_active();
+            trace::record("ahead-check", started, u64::from(active));
+            if !active {
+                let started = trace::start();
                 make(len, count);
+                trace::record("ahead-made", started, (len * count) as u64);
             }
         });
 }

@@ -30,10 +30,17 @@ fn mapped() -> &'static Mutex<HashMap<usize, usize>> {
     MAPPED.get_or_init(Mutex::default)
 }
 
-/// Streams made for a context's rings before they asked, one pass for all: context id → the
-/// streams not yet handed out. Never dropped (a stream may not be destroyed at exit).
-fn spare_streams() -> &'static Mutex<HashMap<u64, Vec<Stream>>> {
-    static SPARE: OnceLock<Mutex<HashMap<u64, Vec<Stream>>>> = OnceLock::new();
+/// Streams and events made for a context's rings before they asked, in one pass for all.
+#[derive(Debug, Default)]
+struct Spare {
+    streams: Vec<Stream>,
+    events: Vec<Event>,
+}
+
+/// Context id → what was made ahead for its rings and not yet handed out. Never dropped (a
+/// stream may not be destroyed at exit).
+fn spare() -> &'static Mutex<HashMap<u64, Spare>> {
+    static SPARE: OnceLock<Mutex<HashMap<u64, Spare>>> = OnceLock::new();
     SPARE.get_or_init(Mutex::default)
 }
 
@@ -201,24 +208,32 @@ impl CopyEngine for CudaEngine {
     }
 
     /// The first stream asked for in a context comes with the streams of the other rings a
-    /// read is likely to start ([`ahead::ring_workers`]), made at once on this thread before any
-    /// of their copies runs: 16 took 0.5 ms so on an H200, where 16 workers each making its own
-    /// while the others pinned and copied waited up to 9 ms for theirs
-    /// (`benchmarks/RESULTS.md`, "Checkpoints", session 18). Later rings take those first.
+    /// read is likely to start ([`ahead::ring_workers`]) and every ring's events (one per
+    /// buffer), all made at once on this thread before any of their copies runs. 16 streams and
+    /// 32 events took 0.55 ms so on an H200, where each worker making its own while the others
+    /// pinned and copied waited up to 9 ms for a stream, and up to 26 ms for an event once the
+    /// streams were made ahead (`benchmarks/RESULTS.md`, "Checkpoints", sessions 18-19). Later
+    /// rings take those first.
     fn create_stream(&self) -> Result<Stream> {
-        let mut spare = spare_streams().lock().unwrap_or_else(|e| e.into_inner());
+        let mut spare = spare().lock().unwrap_or_else(|e| e.into_inner());
         match spare.get_mut(&self.context.id()) {
             Some(left) => {
-                if let Some(stream) = left.pop() {
+                if let Some(stream) = left.streams.pop() {
                     return Ok(stream);
                 }
             }
             None => {
-                let others = ahead::ring_workers(&Settings::current()).saturating_sub(1);
+                let settings = Settings::current();
+                let workers = ahead::ring_workers(&settings);
                 // The others wait on the lock meanwhile, and take theirs right after.
-                let made = (0..others)
-                    .map_while(|_| Stream::new(self.context).ok())
-                    .collect();
+                let made = Spare {
+                    streams: (1..workers)
+                        .map_while(|_| Stream::new(self.context).ok())
+                        .collect(),
+                    events: (0..workers * settings.bounce_buffers.max(1))
+                        .map_while(|_| Event::new(self.context).ok())
+                        .collect(),
+                };
                 spare.insert(self.context.id(), made);
             }
         }
@@ -230,8 +245,18 @@ impl CopyEngine for CudaEngine {
         stream.destroy()
     }
 
+    /// One of the events made with the context's first stream while any is left
+    /// ([`create_stream`](CopyEngine::create_stream)), else a new one.
     fn create_event(&self) -> Result<Event> {
-        Event::new(self.context)
+        let made = spare()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&self.context.id())
+            .and_then(|left| left.events.pop());
+        match made {
+            Some(event) => Ok(event),
+            None => Event::new(self.context),
+        }
     }
 
     fn destroy_event(&self, event: Event) -> Result<()> {

@@ -2,7 +2,9 @@
 //! made its ring's stream, pinned each buffer, read its first chunks and started its first
 //! copies, and how long it waited for the copy engine; for remote reads, when each GET task first
 //! ran, its waits for the store's permit and for its first byte, and its body, and, into GPU
-//! memory, the copies' stream, each wait for a pinned piece, and the copies —
+//! memory, the copies' stream, each wait for a pinned piece, and the copies; and, on the thread
+//! that makes ring memory ahead, whether CUDA had started (`ahead-check`, 1 if so) and the
+//! slab's faulting (`ahead-made`) —
 //! so one run on a GPU machine shows where a fresh process's first read loses time.
 //!
 //! Off (the variable unset, empty or `0`), every call is one load of a cached flag. On, events

@@ -181,7 +181,7 @@ fn mapped_pinned_memory_comes_zeroed_and_the_drivers_is_not_assumed_to() {
 /// once, are each their own and each carries copies.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
-fn ring_streams_are_distinct_and_carry_copies() {
+fn ring_streams_and_events_are_distinct_and_order_copies() {
     let engine = CudaEngine::new(Context::primary(0).expect("context")).expect("engine");
     let _bound = engine.bind().expect("bind");
     let len = 64 << 10;
@@ -189,23 +189,43 @@ fn ring_streams_are_distinct_and_carry_copies() {
     let up = engine.alloc_pinned(len).expect("pinned memory");
     // SAFETY: `up` holds `len` writable bytes, no copy uses it yet.
     unsafe { std::slice::from_raw_parts_mut(up.as_ptr(), len) }.copy_from_slice(&data);
-    // More than one context's first pass makes (one per worker of a pool, at most 32).
+    // More than one context's first pass makes (a stream per worker of a pool, at most 32, and
+    // an event per buffer of each).
     let streams: Vec<_> = (0..40)
         .map(|_| engine.create_stream().expect("stream"))
         .collect();
-    let mut names: Vec<String> = streams.iter().map(|s| format!("{s:?}")).collect();
-    names.sort();
-    names.dedup();
-    assert_eq!(names.len(), streams.len(), "a stream handed out twice");
-    for (i, stream) in streams.iter().enumerate() {
+    let events: Vec<_> = (0..2 * streams.len() + 8)
+        .map(|_| engine.create_event().expect("event"))
+        .collect();
+    let distinct = |names: Vec<String>| {
+        let n = names.len();
+        let mut names = names;
+        names.sort();
+        names.dedup();
+        names.len() == n
+    };
+    let names = streams.iter().map(|s| format!("{s:?}")).collect();
+    assert!(distinct(names), "a stream handed out twice");
+    let names = events.iter().map(|e| format!("{e:?}")).collect();
+    assert!(distinct(names), "an event handed out twice");
+    for (i, (stream, event)) in streams.iter().zip(events.chunks(2)).enumerate() {
         let dev = DeviceBuffer::new(0, len, false).expect("device memory");
         // SAFETY: `up` is this engine's pinned memory, not written while copies run (each is
         // waited for below); `dev` holds `len` bytes of this context's device memory.
         unsafe { engine.copy_to_device(dev.ptr(), up.as_ptr(), len, stream) }.expect("copy");
-        engine.wait_stream(stream).expect("wait");
+        let event = &event[i % 2];
+        engine.record(event, stream).expect("record");
+        engine.wait_event(event).expect("wait");
+        assert!(
+            engine.is_complete(event).expect("query"),
+            "event {i} waited for"
+        );
         let mut back = vec![0u8; len];
         dev.copy_to_host(0, &mut back).expect("read back");
         assert_bytes_eq(&back, &data, &format!("copy on stream {i}"));
+    }
+    for event in events {
+        engine.destroy_event(event).expect("destroy");
     }
     for stream in streams {
         engine.destroy_stream(stream).expect("destroy");
