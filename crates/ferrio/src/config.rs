@@ -185,6 +185,8 @@ pub struct Settings {
     /// Fault in one GPU's worth of ring memory ahead, in the background, where a GPU read may
     /// come (see [`crate::prepare_pinned_soon`]).
     pub pinned_ahead: bool,
+    /// Rings that may get fresh pinned memory at once (0: any number).
+    pub pinning_threads: usize,
     /// Bytes per ranged GET when reading a remote object: the shortest ones of a large object.
     pub remote_range_size: u64,
     /// Longest ranged GET of a large remote object (its first ones).
@@ -223,6 +225,7 @@ impl Default for Settings {
             pinned_limit: 0,
             pinned_memory: PinnedMemory::Driver,
             pinned_ahead: false,
+            pinning_threads: 0,
             remote_range_size: 0,
             remote_max_range_size: 0,
             remote_concurrency: 0,
@@ -477,6 +480,20 @@ pub const SETTINGS: &[SettingInfo] = &[
         get: |s| on_off(s.pinned_ahead).to_string(),
         set: |s, v| {
             s.pinned_ahead = flag(v)?;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "pinning_threads",
+        env: "FERRIO_PINNING_THREADS",
+        unit: "threads (0: no limit)",
+        default: "4",
+        doc: "how many workers may get a bounce buffer at once: fresh pinned memory comes at the \
+              rate the kernel zeroes pages, so a few rings at a time start copying sooner than \
+              all of them together",
+        get: |s| s.pinning_threads.to_string(),
+        set: |s, v| {
+            s.pinning_threads = count(v, 0, "0 or more threads")?;
             Ok(())
         },
     },

@@ -55,8 +55,8 @@ mod thread_rings;
 pub(crate) mod trace;
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use crate::config::Settings;
 use crate::cuda::DevicePtr;
@@ -220,10 +220,31 @@ pub trait CopyEngine {
 /// the cap. Past that first buffer a ring takes only what fits, and tries again to reach its
 /// full depth at the start of later calls. So the pinned memory in use stays below
 /// `limit + (number of rings) × buffer size`.
+///
+/// The budget also takes turns: at most [`set_pinning_threads`](Self::set_pinning_threads)
+/// rings get a buffer at once. Fresh pinned memory comes at the rate the kernel zeroes pages,
+/// whoever asks; 16 workers asking together all wait for nearly all of it, while a few at a
+/// time get their rings, and start copying, one after another.
 #[derive(Debug)]
 pub struct PinnedBudget {
     limit: AtomicU64,
     used: AtomicU64,
+    /// Rings allowed to get a buffer at once (0: any number).
+    turns: AtomicUsize,
+    /// Rings getting a buffer now.
+    pinning: Mutex<usize>,
+    turn_over: Condvar,
+}
+
+/// A ring's turn to get a buffer ([`PinnedBudget::turn`]); the next waiting ring's when dropped.
+#[derive(Debug)]
+pub(crate) struct Turn<'a>(&'a PinnedBudget);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        *self.0.pinning() -= 1;
+        self.0.turn_over.notify_one();
+    }
 }
 
 impl PinnedBudget {
@@ -232,6 +253,9 @@ impl PinnedBudget {
         PinnedBudget {
             limit: AtomicU64::new(limit),
             used: AtomicU64::new(0),
+            turns: AtomicUsize::new(0),
+            pinning: Mutex::new(0),
+            turn_over: Condvar::new(),
         }
     }
 
@@ -250,6 +274,39 @@ impl PinnedBudget {
     /// Changes the cap; rings already made keep their buffers.
     pub fn set_limit(&self, limit: u64) {
         self.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// How many rings may get a buffer at once (0: any number; `pinning_threads`).
+    pub fn set_pinning_threads(&self, threads: usize) {
+        if self.turns.swap(threads, Ordering::Relaxed) != threads {
+            // Taken under the lock, so that no ring checks the old limit and then misses this.
+            let _pinning = self.pinning();
+            self.turn_over.notify_all();
+        }
+    }
+
+    /// Waits for a turn to get a buffer, if turns are limited; the turn lasts while the
+    /// returned value lives.
+    pub(crate) fn turn(&self) -> Option<Turn<'_>> {
+        let mut pinning = self.pinning();
+        loop {
+            let turns = self.turns.load(Ordering::Relaxed);
+            if turns == 0 {
+                return None;
+            }
+            if *pinning < turns {
+                *pinning += 1;
+                return Some(Turn(self));
+            }
+            pinning = self
+                .turn_over
+                .wait(pinning)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn pinning(&self) -> MutexGuard<'_, usize> {
+        self.pinning.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     #[cfg(any(test, feature = "testing"))]
@@ -275,5 +332,49 @@ impl PinnedBudget {
 
     fn give_back(&self, bytes: u64) {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    /// With turns limited to 2, a third ring waits until one of two holding a turn lets go;
+    /// unlimited, nobody waits.
+    #[test]
+    fn rings_take_turns_to_get_buffers() {
+        let budget = Arc::new(PinnedBudget::new(u64::MAX));
+        assert!(budget.turn().is_none(), "turns are unlimited by default");
+        budget.set_pinning_threads(2);
+        let first = budget.turn().expect("a turn");
+        let second = budget.turn().expect("a second turn");
+        let got = Arc::new(AtomicBool::new(false));
+        let third = std::thread::spawn({
+            let (budget, got) = (budget.clone(), got.clone());
+            move || {
+                let turn = budget.turn();
+                got.store(true, Ordering::SeqCst);
+                turn.is_some()
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!got.load(Ordering::SeqCst), "a third ring got a turn while two held one");
+        drop(first);
+        assert!(third.join().expect("third ring"), "the third ring's turn");
+        assert!(got.load(Ordering::SeqCst));
+        drop(second);
+        // Lifting the limit lets a waiting ring go at once.
+        let held = [budget.turn().expect("turn"), budget.turn().expect("turn")];
+        let waiting = std::thread::spawn({
+            let budget = budget.clone();
+            move || budget.turn().is_none()
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        budget.set_pinning_threads(0);
+        assert!(waiting.join().expect("waiting ring"), "no turn needed once unlimited");
+        drop(held);
+        assert_eq!(*budget.pinning(), 0, "every turn given back");
     }
 }

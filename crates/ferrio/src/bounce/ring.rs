@@ -503,7 +503,14 @@ impl<E: CopyEngine> BounceRing<E> {
         } else if !self.budget.try_take(bytes) {
             return Ok(false);
         }
-        let buf = match alloc_buffer(&self.engine, self.buffer_len) {
+        let started = trace::start();
+        let turn = self.budget.turn();
+        if turn.is_some() {
+            trace::record("turn", started, 0);
+        }
+        let got = alloc_buffer(&self.engine, self.buffer_len);
+        drop(turn);
+        let buf = match got {
             Ok(buf) => buf,
             Err(e) => {
                 self.budget.give_back(bytes);

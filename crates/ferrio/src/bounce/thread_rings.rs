@@ -58,6 +58,7 @@ impl<E: CopyEngine + PartialEq> RingSet<E> {
             })?;
         let depth = settings.bounce_buffers.max(1);
         self.budget.set_limit(settings.pinned_limit);
+        self.budget.set_pinning_threads(settings.pinning_threads);
         if let Some(pos) = self.rings.iter().position(|r| r.engine() == engine) {
             let ring = &self.rings[pos];
             if ring.is_poisoned() {
