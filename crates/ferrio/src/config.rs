@@ -487,7 +487,7 @@ pub const SETTINGS: &[SettingInfo] = &[
         name: "pinning_threads",
         env: "FERRIO_PINNING_THREADS",
         unit: "threads (0: no limit)",
-        default: "4",
+        default: "2",
         doc: "how many workers may get a bounce buffer at once: fresh pinned memory comes at the \
               rate the kernel zeroes pages, so a few rings at a time start copying sooner than \
               all of them together",
