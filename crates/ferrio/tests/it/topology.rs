@@ -177,8 +177,9 @@ fn mapped_pinned_memory_comes_zeroed_and_the_drivers_is_not_assumed_to() {
     }
 }
 
-/// The streams the engine hands to rings, the first of a context's with the others' made at
-/// once, are each their own and each carries copies.
+/// The streams and events the engine hands to rings, made at once with the first stream of a
+/// context, are each their own: each stream carries copies, and each event, recorded after one,
+/// is complete once waited for, with the copy's bytes in place.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn ring_streams_and_events_are_distinct_and_order_copies() {
