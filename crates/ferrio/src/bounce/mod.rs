@@ -231,8 +231,9 @@ pub struct PinnedBudget {
     used: AtomicU64,
     /// Rings allowed to get a buffer at once (0: any number).
     turns: AtomicUsize,
-    /// Rings getting a buffer now.
-    pinning: Mutex<usize>,
+    /// Rings getting a buffer now, and the process they are in: a forked child does not
+    /// inherit its parent's turns (their threads are not in it).
+    pinning: Mutex<(u32, usize)>,
     turn_over: Condvar,
 }
 
@@ -242,7 +243,9 @@ pub(crate) struct Turn<'a>(&'a PinnedBudget);
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        *self.0.pinning() -= 1;
+        let mut pinning = self.0.pinning();
+        pinning.1 = pinning.1.saturating_sub(1);
+        drop(pinning);
         self.0.turn_over.notify_one();
     }
 }
@@ -254,7 +257,7 @@ impl PinnedBudget {
             limit: AtomicU64::new(limit),
             used: AtomicU64::new(0),
             turns: AtomicUsize::new(0),
-            pinning: Mutex::new(0),
+            pinning: Mutex::new((0, 0)),
             turn_over: Condvar::new(),
         }
     }
@@ -294,8 +297,8 @@ impl PinnedBudget {
             if turns == 0 {
                 return None;
             }
-            if *pinning < turns {
-                *pinning += 1;
+            if pinning.1 < turns {
+                pinning.1 += 1;
                 return Some(Turn(self));
             }
             pinning = self
@@ -305,8 +308,14 @@ impl PinnedBudget {
         }
     }
 
-    fn pinning(&self) -> MutexGuard<'_, usize> {
-        self.pinning.lock().unwrap_or_else(|e| e.into_inner())
+    /// The count of rings getting a buffer in this process, locked.
+    fn pinning(&self) -> MutexGuard<'_, (u32, usize)> {
+        let mut pinning = self.pinning.lock().unwrap_or_else(|e| e.into_inner());
+        let process = crate::sys::process_id();
+        if pinning.0 != process {
+            *pinning = (process, 0);
+        }
+        pinning
     }
 
     #[cfg(any(test, feature = "testing"))]
@@ -375,6 +384,10 @@ mod tests {
         budget.set_pinning_threads(0);
         assert!(waiting.join().expect("waiting ring"), "no turn needed once unlimited");
         drop(held);
-        assert_eq!(*budget.pinning(), 0, "every turn given back");
+        assert_eq!(budget.pinning().1, 0, "every turn given back");
+        // Turns counted in another process (a parent before a fork) are not this process's.
+        budget.set_pinning_threads(1);
+        *budget.pinning.lock().unwrap() = (crate::sys::process_id().wrapping_add(1), 5);
+        assert!(budget.turn().is_some(), "a parent's turns held a forked child back");
     }
 }
