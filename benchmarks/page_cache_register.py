@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
+
+from ring_setup import alternate, print_medians
 
 CHILD = r"""
 import ctypes, json, os, sys, threading, time
@@ -170,21 +171,9 @@ def main() -> None:
         return json.loads(lines[-1])
 
     print("attributes:", child("attrs"), flush=True)
-    names = args.variants.split(",")
-    got: dict[str, list[dict]] = {n: [] for n in names}
-    for rnd in range(args.rounds):
-        for name in names if rnd % 2 == 0 else names[::-1]:
-            res = child(name)
-            if res is None:
-                continue
-            got[name].append(res)
-            shown = ", ".join(f"{k} {v:.2f}" for k, v in res.items())
-            print(f"{name:<14} round {rnd}: {shown}", flush=True)
+    got = alternate(args.variants.split(","), args.rounds, child, width=14)
     print(f"\nmedians of {args.rounds} fresh processes (rate, copy: GiB/s; *_ms: ms):")
-    for name, rows in got.items():
-        if rows:
-            med = {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]}
-            print(f"  {name:<14} " + ", ".join(f"{k} {v}" for k, v in med.items()))
+    print_medians(got, width=14)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import json
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 
 CHILD = r"""
 import ctypes, json, statistics, sys, threading, time
@@ -150,34 +151,52 @@ VARIANTS = [
 ]  # fmt: skip
 
 
+def alternate(
+    names: list[str], rounds: int, child: Callable[[str], dict | None], width: int = 16
+) -> dict[str, list[dict]]:
+    """Each of `names` run by `child` (a fresh process's JSON, or None if it failed) once per
+    round, in order in even rounds and reversed in odd ones; every result printed as it comes."""
+    got: dict[str, list[dict]] = {n: [] for n in names}
+    for rnd in range(rounds):
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            res = child(name)
+            if res is None:
+                continue
+            got[name].append(res)
+            shown = ", ".join(f"{k} {v:.2f}" for k, v in res.items())
+            print(f"{name:<{width}} round {rnd}: {shown}", flush=True)
+    return got
+
+
+def print_medians(got: dict[str, list[dict]], width: int = 16) -> None:
+    """One line per name: the median of each key over its results."""
+    for name, rows in got.items():
+        if rows:
+            med = {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]}
+            print(f"  {name:<{width}} " + ", ".join(f"{k} {v}" for k, v in med.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     args = ap.parse_args()
-    names = args.variants.split(",")
-    got: dict[str, list[dict]] = {n: [] for n in names}
-    for rnd in range(args.rounds):
-        for name in names if rnd % 2 == 0 else names[::-1]:
-            r = subprocess.run(
-                [sys.executable, "-c", CHILD, name, str(args.workers)],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
-            lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-            if not lines:
-                print(f"{name} round {rnd}: failed: {r.stderr[-300:]}", flush=True)
-                continue
-            res = json.loads(lines[-1])
-            got[name].append(res)
-            shown = ", ".join(f"{k} {v:.2f}" for k, v in res.items())
-            print(f"{name:<16} round {rnd}: {shown}", flush=True)
+
+    def child(name: str) -> dict | None:
+        r = subprocess.run(
+            [sys.executable, "-c", CHILD, name, str(args.workers)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+        if not lines:
+            print(f"{name}: failed: {r.stderr[-300:]}", flush=True)
+            return None
+        return json.loads(lines[-1])
+
+    got = alternate(args.variants.split(","), args.rounds, child)
     print(f"\nmedians of {args.rounds} fresh processes, ms ({args.workers} rings of 2 x 2 MiB):")
-    for name, rows in got.items():
-        if rows:
-            keys = rows[0].keys()
-            med = {k: round(statistics.median(r[k] for r in rows), 2) for k in keys}
-            print(f"  {name:<16} " + ", ".join(f"{k} {v}" for k, v in med.items()))
+    print_medians(got)
 
 
 if __name__ == "__main__":
