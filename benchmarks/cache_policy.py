@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -75,6 +76,9 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true", help="also read into GPU memory (CuPy)")
     ap.add_argument("--skip-cgroup", action="store_true")
     a = ap.parse_args()
+    for tool in ("fio", a.ferrio):
+        if shutil.which(tool) is None:
+            sys.exit(f"cache_policy.py: {tool} not found (PATH=.carry/bin:$PATH has a static fio)")
 
     size = int(a.size_gib * GIB)
     path = os.path.join(a.dir, "ferrio-cache-policy.bin")
