@@ -12,7 +12,7 @@ BENCH_ARGS ?= --compare
 PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors "moto[server]" gcp-storage-emulator
 
 .PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-python deps-node install \
-	build gpu-wheel gpu-nginx gpu-remote-peers gpu-test
+	build gpu-wheel gpu-old gpu-nginx gpu-remote-peers gpu-test
 
 help:
 	@echo "make bench   install what is missing, build, run 'ferrio bench $(BENCH_ARGS)'"
@@ -79,6 +79,15 @@ gpu-wheel: deps-python
 	  | $(PYTHON) -c 'import json,sys; print([json.loads(l)["executable"] for l in sys.stdin if "\"executable\":\"/" in l][-1])')" \
 	  .carry/bin/ferrio-tests
 	strip .carry/bin/ferrio .carry/bin/ferrio-tests .carry/bin/ring_throughput  # the carry limit is 64 MiB
+
+# Another build to compare against there (gpu_all.sh installs it to /tmp/old): the wheel of
+# revision REV (default: main), built in a temporary worktree, into .carry/old.
+REV ?= main
+gpu-old: deps-python
+	@wt=$$(mktemp -d /tmp/ferrio-old.XXXXXX) && git worktree add -q --detach "$$wt" "$(REV)" && \
+	  ( cd "$$wt" && CARGO_TARGET_DIR="$(CURDIR)/target/old" $(PYTHON) -m maturin build --release --strip --out "$$wt/dist" ) ; \
+	  rc=$$? ; if [ $$rc -eq 0 ]; then rm -rf .carry/old && mkdir -p .carry/old && cp "$$wt"/dist/*.whl .carry/old/ ; fi ; \
+	  git worktree remove --force "$$wt" ; exit $$rc
 
 # nginx with its lua module for benchmarks/remote_compare.py on the GPU machines, which have none.
 gpu-nginx:
