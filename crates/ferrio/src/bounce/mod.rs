@@ -24,10 +24,12 @@
 //!
 //! A fresh ring pins all its buffers before its first copy. What makes that quick in a fresh
 //! process: the buffers' memory is faulted in ahead, in the background, where a GPU read may
-//! come (`ahead.rs`: fresh memory, not the pinning, is the slow part), and the first ring of a
-//! context makes the other rings' streams in the same pass, before any copy runs
-//! ([`CudaEngine`]). (Pinning only the first buffer and the rest later was measured twice and
-//! gained nothing; `benchmarks/RESULTS.md`, "First call" and "Checkpoints", session 18.)
+//! come (`ahead.rs`: fresh memory, not the pinning, is the slow part); the first ring of a
+//! context makes the other rings' streams and events in the same pass, before any copy runs
+//! ([`CudaEngine`]); and where the memory is fresh, rings take turns to get it
+//! ([`PinnedBudget`]), so the first start copying while the others wait. (Pinning only the first
+//! buffer and the rest later was measured twice and gained nothing; `benchmarks/RESULTS.md`,
+//! "First call" and "Checkpoints", sessions 18-19.)
 //! `FERRIO_TRACE=1` writes a timeline of the set-up and first copies at exit (`trace.rs`).
 //!
 //! This module does no file I/O and no pointer classification; the ring never calls the driver

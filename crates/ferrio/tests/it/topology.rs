@@ -103,6 +103,7 @@ fn carries_copies(
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn ring_memory_made_ahead_is_pinned_when_taken() {
+    crate::require_cuda!();
     if ferrio::topology::online_nodes(std::path::Path::new("/sys")).map_or(0, |n| n.len()) > 1 {
         eprintln!("skipped: several NUMA nodes (rings go on the GPU's node, not made ahead)");
         return;
@@ -183,6 +184,7 @@ fn mapped_pinned_memory_comes_zeroed_and_the_drivers_is_not_assumed_to() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn ring_streams_and_events_are_distinct_and_order_copies() {
+    crate::require_cuda!();
     let engine = CudaEngine::new(Context::primary(0).expect("context")).expect("engine");
     let _bound = engine.bind().expect("bind");
     let len = 64 << 10;
@@ -198,9 +200,8 @@ fn ring_streams_and_events_are_distinct_and_order_copies() {
     let events: Vec<_> = (0..2 * streams.len() + 8)
         .map(|_| engine.create_event().expect("event"))
         .collect();
-    let distinct = |names: Vec<String>| {
+    let distinct = |mut names: Vec<String>| {
         let n = names.len();
-        let mut names = names;
         names.sort();
         names.dedup();
         names.len() == n
@@ -240,6 +241,7 @@ fn ring_streams_and_events_are_distinct_and_order_copies() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
 fn a_primary_context_held_counts_as_cuda_started() {
+    crate::require_cuda!();
     let engine = CudaEngine::new(Context::primary(0).expect("context")).expect("engine");
     let _bound = engine.bind().expect("bind");
     assert!(cuda::primary_context_active());
