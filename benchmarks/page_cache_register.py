@@ -28,11 +28,8 @@ the file. The device attributes that decide whether this works at all are printe
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 
-from ring_setup import alternate, print_medians
+from ring_setup import alternate, json_child, print_medians
 
 CHILD = r"""
 import ctypes, json, os, sys, threading, time
@@ -160,15 +157,7 @@ def main() -> None:
     args = ap.parse_args()
 
     def child(name: str) -> dict | None:
-        r = subprocess.run(
-            [sys.executable, "-c", CHILD, args.file, name],
-            capture_output=True, text=True, check=False, timeout=120,
-        )  # fmt: skip
-        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-        if not lines:
-            print(f"{name}: failed: {(r.stderr or r.stdout)[-400:]}", flush=True)
-            return None
-        return json.loads(lines[-1])
+        return json_child(CHILD, args.file, name, label=name, timeout=120)
 
     print("attributes:", child("attrs"), flush=True)
     got = alternate(args.variants.split(","), args.rounds, child, width=14)

@@ -151,6 +151,20 @@ VARIANTS = [
 ]  # fmt: skip
 
 
+def json_child(code: str, *args: str, label: str, timeout: float | None = None) -> dict | None:
+    """The last JSON line a fresh ``python -c code args...`` printed, or None (said, with the
+    end of its output, under `label`) if it printed none."""
+    r = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True, text=True, check=False, timeout=timeout,
+    )  # fmt: skip
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        print(f"{label}: failed: {(r.stderr or r.stdout)[-400:]}", flush=True)
+        return None
+    return json.loads(lines[-1])
+
+
 def alternate(
     names: list[str], rounds: int, child: Callable[[str], dict | None], width: int = 16
 ) -> dict[str, list[dict]]:
@@ -184,15 +198,7 @@ def main() -> None:
     args = ap.parse_args()
 
     def child(name: str) -> dict | None:
-        r = subprocess.run(
-            [sys.executable, "-c", CHILD, name, str(args.workers)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-        if not lines:
-            print(f"{name}: failed: {r.stderr[-300:]}", flush=True)
-            return None
-        return json.loads(lines[-1])
+        return json_child(CHILD, name, str(args.workers), label=name)
 
     got = alternate(args.variants.split(","), args.rounds, child)
     print(f"\nmedians of {args.rounds} fresh processes, ms ({args.workers} rings of 2 x 2 MiB):")
