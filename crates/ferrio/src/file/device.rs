@@ -84,6 +84,13 @@ impl File {
             let result = if direction == Direction::Read {
                 // The last copies may still run when the task returns: the worker reads its
                 // next task meanwhile, and the request completes once they have finished.
+                // The ring waits for a buffer's last copy before it hands the buffer to a
+                // chunk, and holds at most `bounce_buffers` buffers: when the chunk of that
+                // number comes, every copy started before this task has finished without
+                // error, and the tasks that waited for them (of another request, perhaps) are
+                // reported.
+                let ring_depth = settings.bounce_buffers.max(1);
+                let mut chunks = 0;
                 let started = bounce::start_read_to_device(
                     context,
                     at,
@@ -91,6 +98,10 @@ impl File {
                     t.offset,
                     settings,
                     &mut |buf, off| {
+                        chunks += 1;
+                        if chunks == ring_depth {
+                            w.earlier_work_done(context.id());
+                        }
                         let chunk = Task::at_buffer_start(off, buf.len());
                         // SAFETY: `buf` is the ring's pinned buffer, valid for `buf.len()` bytes.
                         unsafe { file.read_task_of(filling, w, buf.as_mut_ptr(), &chunk) }
@@ -126,6 +137,9 @@ impl File {
         // Device tasks never run inline: the caller's thread has no bounce ring to spare.
         let mut request = Request {
             inline_ok: false,
+            // A read's tasks leave copies on the worker's ring for `context` and say when the
+            // copies left before them are done (above).
+            leaves_running: (direction == Direction::Read).then(|| context.id()),
             ..self.request(tasks, offset, len, direction, run)
         };
         if let Some(shape) = fill {

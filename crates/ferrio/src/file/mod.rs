@@ -584,6 +584,7 @@ impl File {
             direction,
             inline_ok: true,
             max_active: self.cap_for(direction, offset + len as u64),
+            leaves_running: None,
             run,
         }
     }

@@ -12,7 +12,10 @@
 //! GPU): it says so with `Worker::leave_running`, and its outcome is held back until the worker
 //! settles that work, which it does before it turns to another job, before it waits for work and
 //! before its thread ends. A worker running several tasks of one job in a row so keeps its copies
-//! flowing, and the job still completes only when all its work has.
+//! flowing, and the job still completes only when all its work has. A job whose tasks leave their
+//! work on the same ring (`Request::leaves_running`) needs no settling before it: its task says
+//! when the ring has seen the earlier work finish (`Worker::earlier_work_done`), so a worker
+//! moving between several such jobs (the shards of one checkpoint) keeps its copies flowing too.
 //!
 //! Pools belong to the process that built them: a forked child never uses its parent's (their
 //! threads are gone; see `registry.rs`), and `DevicePool::is_current` tells which is which.
@@ -59,9 +62,10 @@ pub(crate) type Settle = Box<dyn FnOnce() -> Result<()>>;
 ///
 /// A task that returns with work in flight (see [`Worker::leave_running`]) is not reported to
 /// its request until that work has finished, so a request completes only when all of it has.
-/// The worker settles before it runs a task of another job, before it waits for work, and before
-/// its thread ends: a worker taking the next task of the same job keeps its work flowing, and
-/// the request's completion is not delayed (it waits for that next task anyway).
+/// The worker settles before it runs a task of another job (unless that job's task will say when
+/// the work is done: [`Request::leaves_running`]), before it waits for work, and before its
+/// thread ends: a worker taking the next task of the same job keeps its work flowing, and the
+/// request's completion is not delayed (it waits for that next task anyway).
 #[derive(Default)]
 struct Unsettled {
     /// How to wait for each kind of work left running, by a key chosen by the task.
@@ -91,6 +95,24 @@ impl Worker {
         if !self.unsettled.settle.iter().any(|(k, _)| *k == key) {
             self.unsettled.settle.push((key, settle));
         }
+    }
+
+    /// Says that all work left running under `key` before the running task began has finished
+    /// without error (a bounce ring has waited for each of its buffers since): the tasks whose
+    /// outcome waited only for that work are reported now, rather than at the next settle.
+    /// Nothing happens while work under another key is left running too.
+    pub(crate) fn earlier_work_done(&mut self, key: u64) {
+        if !self.only_running(key) {
+            return;
+        }
+        for (job, index, outcome) in std::mem::take(&mut self.unsettled.tasks) {
+            job.completion.finish_task(&job.tasks[index], Some(outcome));
+        }
+    }
+
+    /// Whether the only work left running here is under `key`.
+    fn only_running(&self, key: u64) -> bool {
+        matches!(self.unsettled.settle.as_slice(), [(k, _)] if *k == key)
     }
 
     /// Whether tasks' outcomes wait for work left running here.
@@ -162,6 +184,10 @@ pub(crate) struct Request {
     pub(crate) inline_ok: bool,
     /// Most tasks of this request running at once (`usize::MAX`: as many as there are threads).
     pub(crate) max_active: usize,
+    /// The key under which this request's tasks leave work running, where each task calls
+    /// [`Worker::earlier_work_done`] with it once the work left before it has finished: a worker
+    /// with only such work left running then starts a task of this request without settling.
+    pub(crate) leaves_running: Option<u64>,
     /// Runs one task.
     pub(crate) run: Box<TaskFn>,
 }
@@ -172,6 +198,7 @@ struct Job {
     /// Tasks claimed and not yet finished.
     active: AtomicUsize,
     max_active: usize,
+    leaves_running: Option<u64>,
     run: Box<TaskFn>,
     completion: Arc<Completion>,
     direction: Direction,
@@ -184,6 +211,7 @@ impl Job {
             next: AtomicUsize::new(next),
             active: AtomicUsize::new(0),
             max_active: r.max_active.max(1),
+            leaves_running: r.leaves_running,
             run: r.run,
             completion: r.completion,
             direction: r.direction,
@@ -476,7 +504,8 @@ impl DevicePool {
             self.counters
                 .queued
                 .fetch_sub(claimed.len() as u64, Ordering::Relaxed);
-            if worker.unsettled_other_than(&job) {
+            let says_when_done = job.leaves_running.is_some_and(|k| worker.only_running(k));
+            if worker.unsettled_other_than(&job) && !says_when_done {
                 // Another job's outcome waits on this worker: do not make it wait for this one.
                 worker.settle();
             }
@@ -645,6 +674,7 @@ mod tests {
             direction: Direction::Read,
             inline_ok: false,
             max_active: usize::MAX,
+            leaves_running: None,
             run,
         }
     }
@@ -860,6 +890,63 @@ mod tests {
         assert_eq!(first_fut.wait().unwrap(), 1);
         assert_eq!(IoFuture::new(second, ()).wait().unwrap(), 1);
         assert_eq!(settles.load(Ordering::SeqCst), 1);
+    }
+
+    /// Requests whose tasks leave work on the same ring (key 1) and say when the work left
+    /// before them is done: a worker moving between them settles only at the end, and the first
+    /// request completes once the second's task has said so, not when that task ends.
+    #[test]
+    fn requests_on_one_ring_need_no_settling_between_them() {
+        let pool = DevicePool::new("test-settle-ring".into(), 1);
+        let settles = Arc::new(AtomicUsize::new(0));
+        let ring_task = |ms_before: u64, ms_after: u64| -> Box<TaskFn> {
+            let run = leaves_running(1, 1, &settles, false);
+            Box::new(move |w, t| {
+                std::thread::sleep(Duration::from_millis(ms_before));
+                w.earlier_work_done(1);
+                std::thread::sleep(Duration::from_millis(ms_after));
+                run(w, t)
+            })
+        };
+        let first = Completion::new(0, 1, 1);
+        let mut r = req(tasks(1), Arc::clone(&first), ring_task(30, 0));
+        r.leaves_running = Some(1);
+        pool.submit(r, usize::MAX);
+        // Queued while the first request's task runs: the worker takes it next.
+        let second = Completion::new(0, 1, 1);
+        let mut r = req(tasks(1), Arc::clone(&second), ring_task(0, 500));
+        r.leaves_running = Some(1);
+        pool.submit(r, usize::MAX);
+        let first_fut = IoFuture::new(first, ());
+        assert!(
+            first_fut.wait_timeout(Duration::from_millis(400)),
+            "the first request waited for the end of the second one's task"
+        );
+        assert_eq!(first_fut.wait().unwrap(), 1);
+        assert_eq!(settles.load(Ordering::SeqCst), 0, "no settling between the requests");
+        assert_eq!(IoFuture::new(second, ()).wait().unwrap(), 1);
+        assert_eq!(settles.load(Ordering::SeqCst), 1, "one settle, at the end");
+
+        // Work left under another key too: the report waits for the settle, as before.
+        let settles_other = Arc::new(AtomicUsize::new(0));
+        let other = leaves_running(2, 1, &settles_other, false);
+        let third = Completion::new(0, 1, 1);
+        let both: Box<TaskFn> = Box::new(move |w, t| {
+            std::thread::sleep(Duration::from_millis(30));
+            other(w, t)
+        });
+        pool.submit(req(tasks(1), Arc::clone(&third), both), usize::MAX);
+        let fourth = Completion::new(0, 1, 1);
+        let mut r = req(tasks(1), Arc::clone(&fourth), ring_task(0, 100));
+        r.leaves_running = Some(1);
+        pool.submit(r, usize::MAX);
+        assert_eq!(IoFuture::new(third, ()).wait().unwrap(), 1);
+        assert_eq!(
+            settles_other.load(Ordering::SeqCst),
+            1,
+            "the request was reported before its work under key 2 was settled"
+        );
+        assert_eq!(IoFuture::new(fourth, ()).wait().unwrap(), 1);
     }
 
     #[test]

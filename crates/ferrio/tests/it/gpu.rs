@@ -135,3 +135,67 @@ fn a_cold_kept_file_fills_the_page_cache_on_its_way_to_the_gpu() {
         assert!(share >= 0.99, "{reads}: {share}");
     }
 }
+
+/// Several files read at once into one device buffer, as the shards of a checkpoint are: the
+/// workers move between the requests (their copies left running on one ring per worker), and
+/// every request completes with its bytes in place, nothing written around them.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
+fn several_files_read_at_once_into_one_device_buffer() {
+    crate::require_cuda!();
+    let dir = disk_dir();
+    let lens = [(24 << 20) + 77, 9 << 20, (31 << 20) + 4096, (3 << 20) + 1];
+    let files: Vec<_> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let content = data(len, 40 + i as u64);
+            let path = make_file(dir.path(), &format!("shard{i}"), &content);
+            let f = File::options()
+                .settings(settings(DirectMode::Auto, false, 4 << 20))
+                .open(&path, "r")
+                .unwrap();
+            (f, content)
+        })
+        .collect();
+    // Each file's bytes at an odd place after the one before, 8 bytes of poison between.
+    let mut at = Vec::new();
+    let mut end = 3;
+    for &len in &lens {
+        at.push(end);
+        end += len + 8;
+    }
+    let dev = DeviceBuffer::new(0, end, false).unwrap();
+    for round in 0..3 {
+        dev.copy_from_host(0, &vec![POISON; end]).unwrap();
+        let futures: Vec<_> = files
+            .iter()
+            .zip(&at)
+            .map(|((f, content), &at)| {
+                // SAFETY: `dev` outlives the futures, waited on below; the ranges are disjoint.
+                unsafe { f.pread_device(dev.ptr().checked_add(at).unwrap(), content.len(), 0) }
+            })
+            .collect();
+        for (i, fut) in futures.into_iter().enumerate() {
+            assert_eq!(fut.wait().unwrap(), lens[i], "round {round}, file {i}");
+        }
+        let mut host = vec![0u8; end];
+        dev.copy_to_host(0, &mut host).unwrap();
+        let mut from = 0;
+        for (i, ((_, content), &at)) in files.iter().zip(&at).enumerate() {
+            assert!(
+                host[from..at].iter().all(|&b| b == POISON),
+                "round {round}: before file {i}"
+            );
+            assert!(
+                host[at..at + content.len()] == content[..],
+                "round {round}: file {i}"
+            );
+            from = at + content.len();
+        }
+        assert!(
+            host[from..].iter().all(|&b| b == POISON),
+            "round {round}: after the last"
+        );
+    }
+}
