@@ -72,6 +72,9 @@ struct Unsettled {
     settle: Vec<(u64, Settle)>,
     /// Tasks that returned while work was left running: their job, index and outcome.
     tasks: Vec<(Arc<Job>, usize, Result<usize>)>,
+    /// A task of another job began without settling (its request's tasks say when the work is
+    /// done): the next [`Worker::earlier_work_done`] reports the tasks waiting here.
+    report_when_done: bool,
 }
 
 /// Bytes of each worker's aligned scratch buffer. Direct I/O into unaligned memory and
@@ -101,10 +104,13 @@ impl Worker {
     /// without error (a bounce ring has waited for each of its buffers since): the tasks whose
     /// outcome waited only for that work are reported now, rather than at the next settle.
     /// Nothing happens while work under another key is left running too.
+    /// Only a worker that moved to another job without settling reports anything: tasks of one
+    /// job wait for the next settle as before (their request waits for the last one anyway).
     pub(crate) fn earlier_work_done(&mut self, key: u64) {
-        if !self.only_running(key) {
+        if !self.unsettled.report_when_done || !self.only_running(key) {
             return;
         }
+        self.unsettled.report_when_done = false;
         for (job, index, outcome) in std::mem::take(&mut self.unsettled.tasks) {
             job.completion.finish_task(&job.tasks[index], Some(outcome));
         }
@@ -131,7 +137,7 @@ impl Worker {
     /// Waits for the work left running, then reports the tasks that waited for it; if waiting
     /// fails, tasks that had succeeded report that error.
     fn settle(&mut self) {
-        let Unsettled { settle, tasks } = std::mem::take(&mut self.unsettled);
+        let Unsettled { settle, tasks, .. } = std::mem::take(&mut self.unsettled);
         let mut failed = None;
         for (_, f) in settle {
             if let Err(e) = f() {
@@ -504,10 +510,15 @@ impl DevicePool {
             self.counters
                 .queued
                 .fetch_sub(claimed.len() as u64, Ordering::Relaxed);
-            let says_when_done = job.leaves_running.is_some_and(|k| worker.only_running(k));
-            if worker.unsettled_other_than(&job) && !says_when_done {
-                // Another job's outcome waits on this worker: do not make it wait for this one.
-                worker.settle();
+            if worker.unsettled_other_than(&job) {
+                if job.leaves_running.is_some_and(|k| worker.only_running(k)) {
+                    // This job's task says when the other job's work is done.
+                    worker.unsettled.report_when_done = true;
+                } else {
+                    // Another job's outcome waits on this worker: do not make it wait for this
+                    // one.
+                    worker.settle();
+                }
             }
             let capped = job.max_active != usize::MAX && claimed.len() == 1;
             for index in claimed {
