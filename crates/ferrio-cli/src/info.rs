@@ -217,8 +217,6 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
         let here = ferrio::policy::fill_reads_here(settings.fill_reads);
         let fallback = if reads != here {
             ": the kernel cannot map this file for populate"
-        } else if reads != settings.fill_reads && reads == ferrio::FillReads::Readahead {
-            ": this machine's memory balloon reports freed memory to its hypervisor"
         } else {
             ""
         };

@@ -114,17 +114,10 @@ fn info_says_what_the_cache_policy_decided_and_read_takes_cache() {
     let o = run(&["info", fs]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("cache:       auto → keep"), "{text}");
-    // The default, auto, reads block by block unless a virtio balloon reports free pages
-    // (this dev VM's does); populate asked for is populate on any local file system here.
-    let auto = if ferrio::policy::free_page_reporting() {
-        "each through the kernel's readahead (fill_reads=auto: this machine's memory balloon \
-         reports freed memory to its hypervisor)"
-    } else {
-        "each reading 2 MiB blocks into the page cache (fill_reads=auto)"
-    };
+    // The default, auto, reads block by block (populate) on any local file system here.
     assert!(
         text.contains("fill:        cold reads of 64.00 MiB or more: 4 tasks")
-            && text.contains(auto),
+            && text.contains("each reading 2 MiB blocks into the page cache (fill_reads=auto)"),
         "{text}"
     );
     let o = ferrio()

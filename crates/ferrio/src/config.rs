@@ -126,9 +126,9 @@ named_values! {
 named_values! {
     /// How a cold read that keeps the file asks the disk for it (see `fill_in_flight`).
     pub enum FillReads, forms "auto|readahead|populate" {
-        /// `Populate`, except on a machine whose memory balloon hands freed memory back to its
-        /// hypervisor ([`crate::policy::free_page_reporting`]): there every fresh 2 MiB block
-        /// the cache takes is slow to touch, and `Readahead` fills faster at less CPU.
+        /// `Populate` (a file the kernel cannot map for it fills through readahead): the cache
+        /// then holds huge folios, which read back from it faster
+        /// ([`crate::policy::fill_reads_here`] says what was measured).
         Auto = "auto",
         /// Plain buffered reads: the kernel's readahead decides how much is in flight (up to a
         /// window or two of the disk's `read_ahead_kb` per task).
@@ -372,8 +372,7 @@ pub const SETTINGS: &[SettingInfo] = &[
         default: "auto",
         doc: "how the tasks of a cold read that fills the page cache read: readahead = buffered \
               reads, the kernel's readahead sets the depth; populate = one 2 MiB block per task \
-              at a time, read into huge folios; auto = populate unless a virtio balloon reports \
-              freed memory to its hypervisor",
+              at a time, read into huge folios; auto = populate",
         get: |s| s.fill_reads.to_string(),
         set: |s, v| {
             s.fill_reads = v.parse().map_err(|_| FillReads::FORMS)?;

@@ -266,23 +266,18 @@ pub(crate) struct FillShape {
 /// (measured: see benchmarks/RESULTS.md).
 pub const FILL_TASK_BYTES: u64 = 64 << 20;
 
-/// Whether this machine's memory balloon hands freed memory back to its hypervisor (a virtio
-/// balloon with free page reporting). There, memory freed by dropping caches is returned in
-/// 2 MiB blocks, and the first touch of each block the page cache takes again is slow: on the
-/// dev VM a 2 GiB fill block by block (`fill_reads=populate`) took 1.50 s and 1.5–1.9 CPU-s
-/// against 1.29 s and 0.5–0.8 CPU-s through readahead, and with the balloon unbound both cost
-/// about 0.5 CPU-s (benchmarks/RESULTS.md, "Cache policy", session 14). So `fill_reads=auto`
-/// fills through readahead here.
-pub fn free_page_reporting() -> bool {
-    crate::sys::free_page_reporting()
-}
-
-/// The way `fill_reads` (`asked`) fills the page cache on this machine: `auto` resolved
-/// ([`free_page_reporting`]), the others as they are. A file the kernel cannot map for
-/// `populate` still fills through readahead ([`crate::File::fill_reads`]).
+/// The way `fill_reads` (`asked`) fills the page cache: `auto` resolved (to `populate`), the
+/// others as they are. A file the kernel cannot map for `populate` still fills through
+/// readahead ([`crate::File::fill_reads`]).
+///
+/// Why `populate` everywhere, a virtio balloon that reports free pages to its hypervisor
+/// included (sessions 15-19 filled through readahead there): on the dev VM, a 2 GiB file read
+/// cold and again in new processes, alternating, 6 rounds (benchmarks/RESULTS.md, "Cache
+/// policy", session 20), right after the caches were dropped `populate` read cold 10-15% faster
+/// and again 1.2-1.5× faster; once the balloon had handed the freed memory back it read cold
+/// 8-11% slower and again as fast or faster (up to 1.5×: the cache holds huge folios).
 pub fn fill_reads_here(asked: FillReads) -> FillReads {
     match asked {
-        FillReads::Auto if free_page_reporting() => FillReads::Readahead,
         FillReads::Auto => FillReads::Populate,
         other => other,
     }

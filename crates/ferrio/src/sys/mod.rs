@@ -335,28 +335,6 @@ pub const POPULATE_BLOCK: u64 = 2 << 20;
 /// `MADV_RANDOM` read one 4 KiB page, which would make a populate crawl.
 pub const POPULATE_KERNEL: (u32, u32) = (5, 18);
 
-/// Whether a virtio memory balloon of this machine reports free pages to its hypervisor
-/// (feature bit 5, `VIRTIO_BALLOON_F_REPORTING`, of any device the `virtio_balloon` driver has
-/// bound; the `features` file lists the bits from bit 0 on as `0`/`1`). Read once per process.
-pub fn free_page_reporting() -> bool {
-    static REPORTING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *REPORTING.get_or_init(|| {
-        balloon_reports_free_pages(Path::new("/sys/bus/virtio/drivers/virtio_balloon"))
-    })
-}
-
-/// [`free_page_reporting`] for the driver directory `driver`: false where it is missing.
-fn balloon_reports_free_pages(driver: &Path) -> bool {
-    const REPORTING_BIT: usize = 5;
-    let Ok(devices) = std::fs::read_dir(driver) else {
-        return false;
-    };
-    devices.flatten().any(|d| {
-        std::fs::read_to_string(d.path().join("features"))
-            .is_ok_and(|bits| bits.as_bytes().get(REPORTING_BIT) == Some(&b'1'))
-    })
-}
-
 /// The running kernel's version, major and minor (`/proc/sys/kernel/osrelease`).
 pub fn kernel_version() -> Option<(u32, u32)> {
     static VERSION: std::sync::OnceLock<Option<(u32, u32)>> = std::sync::OnceLock::new();
@@ -780,24 +758,6 @@ mod tests {
         assert_eq!(parse_kernel_version("garbage"), None);
         assert!((5, 15) < POPULATE_KERNEL && (6, 1) > POPULATE_KERNEL);
         assert!(kernel_version().is_some(), "this kernel's version");
-    }
-
-    #[test]
-    fn free_page_reporting_is_bit_5_of_a_bound_balloon() {
-        let dir = tempfile::tempdir().unwrap();
-        let driver = dir.path().join("virtio_balloon");
-        assert!(!balloon_reports_free_pages(&driver), "no driver directory");
-        std::fs::create_dir(&driver).unwrap();
-        // The driver directory also holds files (bind, unbind, ...), which have no features.
-        std::fs::write(driver.join("bind"), "").unwrap();
-        let device = driver.join("virtio3");
-        std::fs::create_dir(&device).unwrap();
-        std::fs::write(device.join("features"), "1110000000000000000000000000000011\n").unwrap();
-        assert!(!balloon_reports_free_pages(&driver), "bits 0-2 only");
-        std::fs::write(device.join("features"), "1110010000000000000000000000000011\n").unwrap();
-        assert!(balloon_reports_free_pages(&driver), "bit 5 set");
-        std::fs::write(device.join("features"), "11100\n").unwrap();
-        assert!(!balloon_reports_free_pages(&driver), "a short list");
     }
 
     #[test]

@@ -258,18 +258,13 @@ fn a_kept_cold_read_filled_block_by_block_is_whole_and_cached() {
         assert!(buf == bytes[at..], "{reads}: wrong bytes");
         assert!(share(&p) >= 0.99, "{reads}: {}", share(&p));
     }
-    // The default picks one of the two: readahead where a balloon reports free pages.
+    // The default is populate, wherever the kernel can map the file for it.
     let f = File::options()
         .cache(CacheMode::Keep)
         .open(&p, "r")
         .unwrap();
-    let auto = if ferrio::policy::free_page_reporting() {
-        FillReads::Readahead
-    } else {
-        FillReads::Populate
-    };
     assert_eq!(Settings::default().fill_reads, FillReads::Auto);
-    assert_eq!(f.fill_reads(), Some(auto));
+    assert_eq!(f.fill_reads(), Some(FillReads::Populate));
 }
 
 #[test]
