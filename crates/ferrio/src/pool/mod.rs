@@ -104,6 +104,7 @@ impl Worker {
     /// without error (a bounce ring has waited for each of its buffers since): the tasks whose
     /// outcome waited only for that work are reported now, rather than at the next settle.
     /// Nothing happens while work under another key is left running too.
+    ///
     /// Only a worker that moved to another job without settling reports anything: tasks of one
     /// job wait for the next settle as before (their request waits for the last one anyway).
     pub(crate) fn earlier_work_done(&mut self, key: u64) {
