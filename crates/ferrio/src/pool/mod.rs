@@ -961,6 +961,36 @@ mod tests {
         assert_eq!(IoFuture::new(fourth, ()).wait().unwrap(), 1);
     }
 
+    /// Tasks of one request that leave work on a ring are not reported early: only a move to
+    /// another request without settling makes `earlier_work_done` report (reporting at every
+    /// task cost a single 8 GiB file ~1.5% on the H200; benchmarks/RESULTS.md, session 20).
+    #[test]
+    fn tasks_of_one_request_wait_for_the_settle() {
+        let pool = DevicePool::new("test-one-ring".into(), 1);
+        let settles = Arc::new(AtomicUsize::new(0));
+        let waiting = Arc::new(AtomicUsize::new(usize::MAX));
+        let run = leaves_running(1, 1, &settles, false);
+        let seen = Arc::clone(&waiting);
+        let done = Completion::new(0, 2, 2);
+        let task: Box<TaskFn> = Box::new(move |w, t| {
+            w.earlier_work_done(1);
+            if t.offset == 1 {
+                seen.store(w.unsettled.tasks.len(), Ordering::SeqCst);
+            }
+            run(w, t)
+        });
+        let mut r = req(tasks(2), Arc::clone(&done), task);
+        r.leaves_running = Some(1);
+        pool.submit(r, usize::MAX);
+        assert_eq!(IoFuture::new(done, ()).wait().unwrap(), 2);
+        assert_eq!(
+            waiting.load(Ordering::SeqCst),
+            1,
+            "the first task was reported before the settle"
+        );
+        assert_eq!(settles.load(Ordering::SeqCst), 1, "one settle, at the end");
+    }
+
     #[test]
     fn a_pool_resized_down_ends_its_surplus_threads() {
         let pool = DevicePool::new("test-shrink".into(), 4);
