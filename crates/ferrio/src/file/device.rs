@@ -5,11 +5,13 @@
 //! A worker starting a task moves to the GPU's NUMA node where there are several
 //! ([`crate::topology`]).
 
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use super::File;
 use crate::bounce;
-use crate::cuda::{self, DevicePtr};
+use crate::config::Settings;
+use crate::cuda::{self, Context, DevicePtr};
 use crate::error::{Error, Op, Result};
 use crate::plan::{self, Task};
 use crate::pool::{Completion, Direction, Request, Worker};
@@ -75,6 +77,7 @@ impl File {
         bounce::trace::record("request", bounce::trace::start(), len as u64);
         let file = self.clone();
         let filling = fill.is_some();
+        let ring = ring_key(context, &self.inner.settings);
         let run = Box::new(move |w: &mut Worker, t: &Task| {
             // On a machine with several NUMA nodes, fill the GPU's ring from its node's CPUs.
             crate::topology::follow_gpu(context);
@@ -100,7 +103,7 @@ impl File {
                     &mut |buf, off| {
                         chunks += 1;
                         if chunks == ring_depth {
-                            w.earlier_work_done(context.id());
+                            w.earlier_work_done(ring);
                         }
                         let chunk = Task::at_buffer_start(off, buf.len());
                         // SAFETY: `buf` is the ring's pinned buffer, valid for `buf.len()` bytes.
@@ -108,7 +111,7 @@ impl File {
                     },
                 );
                 w.leave_running(
-                    context.id(),
+                    ring,
                     Box::new(move || {
                         let started = bounce::trace::start();
                         let finished = bounce::finish_thread_ring(context);
@@ -139,7 +142,7 @@ impl File {
             inline_ok: false,
             // A read's tasks leave copies on the worker's ring for `context` and say when the
             // copies left before them are done (above).
-            leaves_running: (direction == Direction::Read).then(|| context.id()),
+            leaves_running: (direction == Direction::Read).then_some(ring),
             ..self.request(tasks, offset, len, direction, run)
         };
         if let Some(shape) = fill {
@@ -151,4 +154,15 @@ impl File {
         }
         Ok(completion)
     }
+}
+
+/// The key under which a device read's tasks leave copies on the worker's ring for `context`
+/// ([`Worker::leave_running`]): the context and the ring's shape. A read whose settings give
+/// the ring another buffer size or depth replaces the ring (its copies then finish in the old
+/// ring's drop, where an error would go unseen), so it never counts as on the same ring, and
+/// the worker settles before it as before another job.
+fn ring_key(context: Context, settings: &Settings) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (context.id(), settings.bounce_buffer_size, settings.bounce_buffers).hash(&mut h);
+    h.finish()
 }
