@@ -9,7 +9,10 @@ directory, run in the foreground and stopped at the end. It serves one object at
   ranged reads: it grants every request one second of credit up front (``rate x (elapsed + 1)``),
   so an 8 MiB range at 100 MB/s is never slowed. The pacing is lua (Debian's
   ``libnginx-mod-http-lua``): by default (``--pacing stream``) a ``content_by_lua_block`` sends
-  each reply 256 KiB at a time at the cap from its first byte, as an object store does; with
+  each reply 64 KiB at a time at the cap from its first byte, as an object store does (pieces
+  under LuaJIT's 128 KiB mmap threshold: with 256 KiB ones, until session 21, every piece was a
+  fresh mapping, faulted in and unmapped (perf), and on the 2-core dev VM the server then took ~3x the
+  client's CPU and held the capped rate to ~2.3 GiB/s where 64 KiB pieces give ~3.1); with
   ``--pacing hold`` (sessions 1-14) an ``access_by_lua_block`` holds each request for ``length /
   rate`` seconds and nginx then sends it at once, so a request completes when a stream at the
   cap would, but its bytes arrive in one burst at the end (long ranges then end in bursts that
@@ -375,7 +378,7 @@ PACE = """access_by_lua_block {
     ngx.sleep(delay + n / rate)
 }"""
 
-# Sends each reply itself, streamed at `rate` from its first byte (256 KiB at a time, each flushed
+# Sends each reply itself, streamed at `rate` from its first byte (64 KiB at a time, each flushed
 # and then paced), after `delay`: as an object store sends, so a slow connection shows while its
 # body arrives. Ranges as nginx serves them (206 and Content-Range; 416 past the end), a fixed
 # ETag and Last-Modified, HEAD with the size. A client that goes away ends the reply.
@@ -407,7 +410,7 @@ STREAM = """content_by_lua_block {
     ngx.update_time()
     local began, sent, n = ngx.now(), 0, e - a
     while sent < n do
-        local piece = f:read(math.min(262144, n - sent))
+        local piece = f:read(math.min(65536, n - sent))
         if not piece or not ngx.print(piece) or not ngx.flush(true) then break end
         sent = sent + #piece
         ngx.update_time()
