@@ -11,8 +11,8 @@ directory, run in the foreground and stopped at the end. It serves one object at
   ``libnginx-mod-http-lua``): by default (``--pacing stream``) a ``content_by_lua_block`` sends
   each reply 64 KiB at a time at the cap from its first byte, as an object store does (pieces
   under LuaJIT's 128 KiB mmap threshold: with 256 KiB ones, until session 21, every piece was a
-  fresh mapping, faulted in and unmapped (perf), and on the 2-core dev VM the server then took ~3x the
-  client's CPU and held the capped rate to ~2.3 GiB/s where 64 KiB pieces give ~3.1); with
+  fresh mapping, faulted in and unmapped (perf), and on the 2-core dev VM the server then took
+  ~3x the client's CPU and held the capped rate to ~2.3 GiB/s where 64 KiB pieces give ~3.1); with
   ``--pacing hold`` (sessions 1-14) an ``access_by_lua_block`` holds each request for ``length /
   rate`` seconds and nginx then sends it at once, so a request completes when a stream at the
   cap would, but its bytes arrive in one burst at the end (long ranges then end in bursts that
