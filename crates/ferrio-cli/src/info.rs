@@ -41,7 +41,7 @@ fn gpu(ordinal: usize, json: bool) -> anyhow::Result<()> {
     let node = g.pci.as_ref().and_then(|p| p.numa_node);
     let one_node = g.online_nodes.len() <= 1;
     let settings = ferrio::Settings::global();
-    let buffer = usize::try_from(settings.bounce_buffer_size).unwrap_or(usize::MAX);
+    let buffer = usize::try_from(settings.bounce_buffer_bytes()).unwrap_or(usize::MAX);
     let pinning = ferrio::topology::pinning(settings.pinned_memory, buffer, g.placed_on);
     if json {
         let link = |l: &ferrio::topology::Link| json!({"speed": l.speed, "width": l.width});
@@ -90,7 +90,7 @@ fn gpu(ordinal: usize, json: bool) -> anyhow::Result<()> {
     out(&format!("placement:   {placement}"))?;
     out(&format!(
         "pinning:     {} buffers {pinning} (pinned_memory={})",
-        ferrio::config::format_size(settings.bounce_buffer_size),
+        ferrio::config::format_size(settings.bounce_buffer_bytes()),
         settings.pinned_memory
     ))?;
     Ok(())

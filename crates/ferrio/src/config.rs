@@ -168,7 +168,7 @@ pub struct Settings {
     /// Read unaligned heads and tails with `O_DIRECT` too, into aligned scratch memory.
     pub direct_overread: bool,
     /// Bytes per pinned bounce buffer for GPU transfers, and per pinned piece of a remote read
-    /// into GPU memory.
+    /// into GPU memory; 0 (the default): by host, see [`Settings::bounce_buffer_bytes`].
     pub bounce_buffer_size: u64,
     /// Tasks in flight per request when a cold read fills the page cache (the fill shape's
     /// large tasks, see `cache`).
@@ -418,13 +418,17 @@ pub const SETTINGS: &[SettingInfo] = &[
     SettingInfo {
         name: "bounce_buffer_size",
         env: "FERRIO_BOUNCE_BUFFER_SIZE",
-        unit: "bytes",
-        default: "2 MiB",
+        unit: "bytes (0 = by host)",
+        default: "0",
         doc: "size of each pinned bounce buffer for GPU transfers (and of each pinned piece a \
-              remote read into GPU memory lands in)",
+              remote read into GPU memory lands in); 0: 4 MiB on a host with one GPU, 2 MiB on \
+              a host with several",
         get: |s| s.bounce_buffer_size.to_string(),
         set: |s, v| {
-            s.bounce_buffer_size = size(v, 4096, "at least 4KiB")?;
+            s.bounce_buffer_size = match v.trim() {
+                "0" => 0,
+                _ => size(v, 4096, "0 (by host) or at least 4KiB")?,
+            };
             Ok(())
         },
     },
@@ -782,7 +786,26 @@ impl Settings {
     }
 }
 
+/// [`Settings::bounce_buffer_bytes`] on a host with one GPU (or none).
+pub const BOUNCE_BUFFER_ONE_GPU: u64 = 4 << 20;
+
+/// [`Settings::bounce_buffer_bytes`] on a host with several GPUs.
+pub const BOUNCE_BUFFER_SEVERAL_GPUS: u64 = 2 << 20;
+
 impl Settings {
+    /// The bounce buffer size in force: [`Settings::bounce_buffer_size`], or where that is 0
+    /// (the default) the host's: [`BOUNCE_BUFFER_ONE_GPU`] (4 MiB) where it has one NVIDIA GPU
+    /// or none, [`BOUNCE_BUFFER_SEVERAL_GPUS`] (2 MiB) where it has several
+    /// ([`crate::topology::host_gpus`]). Larger buffers feed one GPU faster, but every GPU of a
+    /// host fed at once with them was much slower (the README's settings table has the numbers).
+    pub fn bounce_buffer_bytes(&self) -> u64 {
+        match self.bounce_buffer_size {
+            0 if crate::topology::host_gpus() > 1 => BOUNCE_BUFFER_SEVERAL_GPUS,
+            0 => BOUNCE_BUFFER_ONE_GPU,
+            n => n,
+        }
+    }
+
     /// The `device_threads` entry for pool `key`, if any.
     pub fn device_threads_for(&self, key: &str) -> Option<usize> {
         self.device_threads
@@ -998,7 +1021,7 @@ mod tests {
         assert_eq!(d.direct_read, DirectMode::Auto);
         assert_eq!(d.direct_write, DirectMode::Auto);
         assert!(!d.direct_overread);
-        assert_eq!(d.bounce_buffer_size, 2 << 20);
+        assert_eq!(d.bounce_buffer_size, 0);
         assert_eq!(d.bounce_buffers, 2);
         assert_eq!(d.pinned_limit, 1 << 30);
         assert_eq!(d.remote_connect_timeout, Duration::from_secs(5));

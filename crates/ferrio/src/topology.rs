@@ -71,6 +71,36 @@ pub fn pci_device(sysfs_root: &Path, address: &str) -> Result<PciDevice> {
     })
 }
 
+/// NVIDIA's PCI vendor id, as sysfs writes it.
+const NVIDIA_VENDOR: &str = "0x10de";
+
+/// NVIDIA GPUs on the host's PCI bus under `sysfs_root`: devices of NVIDIA's vendor id whose
+/// class is a display controller (VGA `0x0300..`, 3D `0x0302..`; NVSwitches and the GPUs' audio
+/// functions are other classes). All of the host's, whatever `CUDA_VISIBLE_DEVICES` hides from
+/// this process: the processes of one host feed every GPU from the same memory. 0 where sysfs
+/// has no PCI devices to read.
+pub fn nvidia_gpus(sysfs_root: &Path) -> usize {
+    let Ok(devices) = fs::read_dir(sysfs_root.join("bus/pci/devices")) else {
+        return 0;
+    };
+    devices
+        .flatten()
+        .filter(|device| {
+            let read =
+                |name: &str| fs::read_to_string(device.path().join(name)).unwrap_or_default();
+            let class = read("class");
+            read("vendor").trim() == NVIDIA_VENDOR
+                && (class.starts_with("0x0300") || class.starts_with("0x0302"))
+        })
+        .count()
+}
+
+/// [`nvidia_gpus`] of this host, read once.
+pub fn host_gpus() -> usize {
+    static GPUS: OnceLock<usize> = OnceLock::new();
+    *GPUS.get_or_init(|| nvidia_gpus(Path::new(SYSFS_ROOT)))
+}
+
 /// Parses a kernel CPU or node list (`0-15,32-47`, `3`, or empty) into increasing numbers.
 ///
 /// # Errors
@@ -401,6 +431,23 @@ mod tests {
         for bad in ["a", "3-1", "1-", "-2", "1,,x", "0-99999999999"] {
             assert!(parse_list(bad).is_err(), "{bad:?} must be refused");
         }
+    }
+
+    #[test]
+    fn nvidia_gpus_are_counted_by_vendor_and_class() {
+        let t = Tree::new();
+        assert_eq!(nvidia_gpus(t.root()), 0, "no PCI devices at all");
+        let dev = |addr: &str, vendor: &str, class: &str| {
+            t.put(&format!("bus/pci/devices/{addr}/vendor"), vendor)
+                .put(&format!("bus/pci/devices/{addr}/class"), class);
+        };
+        dev("0000:0a:00.0", "0x10de\n", "0x030200\n"); // a 3D controller (H100, H200)
+        dev("0000:0b:00.0", "0x10de\n", "0x030000\n"); // a VGA controller (a desktop GPU)
+        dev("0000:0b:00.1", "0x10de\n", "0x040300\n"); // that GPU's audio function
+        dev("0000:0c:00.0", "0x10de\n", "0x068000\n"); // an NVSwitch
+        dev("0000:0d:00.0", "0x1af4\n", "0x030000\n"); // another vendor's display (virtio)
+        dev("0000:0e:00.0", "0x8086\n", "0x020000\n"); // a network card
+        assert_eq!(nvidia_gpus(t.root()), 2);
     }
 
     #[test]

@@ -94,7 +94,7 @@ fn worth_making(settings: &Settings) -> Option<(usize, usize)> {
     if !settings.pinned_ahead || !nvidia_driver_present() {
         return None;
     }
-    let len = usize::try_from(settings.bounce_buffer_size)
+    let len = usize::try_from(settings.bounce_buffer_bytes())
         .ok()?
         .checked_next_multiple_of(PINNED_ALIGN)?;
     let one_node = topology::online_nodes(std::path::Path::new("/sys")).ok()?.len() <= 1;

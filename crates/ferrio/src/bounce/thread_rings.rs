@@ -47,13 +47,13 @@ impl<E: CopyEngine + PartialEq> RingSet<E> {
     where
         E: Clone + Send + 'static,
     {
-        let buffer_len = usize::try_from(settings.bounce_buffer_size)
+        let buffer_len = usize::try_from(settings.bounce_buffer_bytes())
             .unwrap_or(usize::MAX)
             .checked_next_multiple_of(PINNED_ALIGN)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "bounce buffer size {} is too large",
-                    settings.bounce_buffer_size
+                    settings.bounce_buffer_bytes()
                 ))
             })?;
         let depth = settings.bounce_buffers.max(1);

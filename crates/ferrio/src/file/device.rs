@@ -51,7 +51,7 @@ impl File {
         // A task spans the ring at least, so that inside it the read of one buffer overlaps the
         // copy of the one before, and several rings where the transfer is large enough.
         let ring_bytes =
-            self.inner.settings.bounce_buffer_size * self.inner.settings.bounce_buffers as u64;
+            self.inner.settings.bounce_buffer_bytes() * self.inner.settings.bounce_buffers as u64;
         self.check_range(offset, len)?;
         let min_task = self.choices.task_size.max(ring_bytes);
         // A cold read that fills the page cache goes in a few large sequential tasks (see
@@ -163,6 +163,6 @@ impl File {
 /// the worker settles before it as before another job.
 fn ring_key(context: Context, settings: &Settings) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (context.id(), settings.bounce_buffer_size, settings.bounce_buffers).hash(&mut h);
+    (context.id(), settings.bounce_buffer_bytes(), settings.bounce_buffers).hash(&mut h);
     h.finish()
 }

@@ -576,7 +576,7 @@ impl RemoteFile {
             // Pieces of a bounce buffer's size, whatever the ranges: a GET holds one while its
             // body trickles in and hands it over full, so a short piece holds less pinned
             // memory per GET and the first read pins less before its copies start.
-            let piece_len = usize::try_from(settings.bounce_buffer_size).unwrap_or(usize::MAX);
+            let piece_len = usize::try_from(settings.bounce_buffer_bytes()).unwrap_or(usize::MAX);
             bounce::cuda_piece_pool(context, piece_len, settings)
         };
         // SAFETY: forwarded from this function's contract; the pool is that of `dst`'s context.

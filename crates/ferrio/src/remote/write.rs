@@ -188,7 +188,8 @@ impl RemoteWriter {
             cancelled: Arc::new(AtomicBool::new(false)),
             external_cancel: None,
             owner: crate::sys::process_id(),
-            bounce_buffer_size: usize::try_from(settings.bounce_buffer_size).unwrap_or(usize::MAX),
+            bounce_buffer_size: usize::try_from(settings.bounce_buffer_bytes())
+                .unwrap_or(usize::MAX),
             bounce_buffers: settings.bounce_buffers,
             pinned_memory: settings.pinned_memory,
             device_ring: None,
@@ -322,7 +323,7 @@ impl RemoteWriter {
 
     /// Appends `len` bytes of GPU memory at `src` to the object; returns `len`. The bytes are
     /// copied to the host through the writer's pinned bounce ring ([`Settings::bounce_buffers`]
-    /// buffers of [`Settings::bounce_buffer_size`], made by the first such write) one buffer at
+    /// buffers of [`Settings::bounce_buffer_bytes`], made by the first such write) one buffer at
     /// a time, each appended to the part being filled, so no host copy of the whole range is
     /// made; parts go up as in [`RemoteWriter::write`]. Copies run on the ring's own stream:
     /// work on other streams that writes the memory must have finished.
