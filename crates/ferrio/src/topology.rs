@@ -2,7 +2,9 @@
 //! nodes and their CPUs, all read from sysfs; and what ferrio does with it
 //! ([`placement_node`]): on a machine with several NUMA nodes, a GPU's pinned bounce buffers
 //! are allocated on the GPU's node and the workers that fill them run on that node's CPUs. On a
-//! machine with one node nothing changes.
+//! machine with one node nothing changes. It also counts the host's NVIDIA GPUs
+//! ([`host_gpus`]), which picks the default bounce buffer size
+//! ([`crate::Settings::bounce_buffer_bytes`]).
 //!
 //! The readers take the sysfs root (normally [`SYSFS_ROOT`]) so tests use a fake tree. The
 //! syscalls (placement, affinity) are `sys/numa.rs`'s; the driver queries `cuda`'s.
