@@ -88,11 +88,14 @@ pub fn nvidia_gpus(sysfs_root: &Path) -> usize {
     devices
         .flatten()
         .filter(|device| {
+            // Runs on `import ferrio` (the pinned-ahead slab's size): the class is read only
+            // for NVIDIA's devices.
             let read =
                 |name: &str| fs::read_to_string(device.path().join(name)).unwrap_or_default();
-            let class = read("class");
-            read("vendor").trim() == NVIDIA_VENDOR
-                && (class.starts_with("0x0300") || class.starts_with("0x0302"))
+            read("vendor").trim() == NVIDIA_VENDOR && {
+                let class = read("class");
+                class.starts_with("0x0300") || class.starts_with("0x0302")
+            }
         })
         .count()
 }
