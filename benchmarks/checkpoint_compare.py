@@ -237,9 +237,13 @@ def disk_shape(before: list[int] | None, after: list[int] | None) -> dict:
     reads, sectors, read_ms, busy_ms, queue_ms = (a - b for a, b in zip(after, before, strict=True))
     if not reads or not busy_ms:
         return {}
+    # Bytes read over the time the disk was busy: the disk's own rate, whatever the loader's
+    # clock leaves in or out (and whether the loader read every byte from the disk).
     return {"request_kib": round(sectors * 512 / reads / 1024),
             "in_flight": round(queue_ms / busy_ms, 1),
-            "latency_ms": round(read_ms / reads, 2)}  # fmt: skip
+            "latency_ms": round(read_ms / reads, 2),
+            "read_gib": round(sectors * 512 / GIB, 2),
+            "busy_gib_per_s": round(sectors * 512 / GIB / (busy_ms / 1000), 2)}  # fmt: skip
 
 
 def run_child(loader: str, device: str, files: list[str]) -> dict:
@@ -371,7 +375,9 @@ def main() -> None:
             sec, rate, peak = s["median_seconds"], s["gib_per_s"], s["peak_gpu_gib"]
             disk = s.get("disk")
             shape = (f"  disk: {disk['request_kib']:.0f} KiB requests, {disk['in_flight']:.1f} "
-                     f"in flight, {disk['latency_ms']:.2f} ms each" if disk else "")  # fmt: skip
+                     f"in flight, {disk['latency_ms']:.2f} ms each, "
+                     f"{disk.get('read_gib', 0):.2f} GiB read at "
+                     f"{disk.get('busy_gib_per_s', 0):.2f} GiB/s busy" if disk else "")  # fmt: skip
             print(f"{key:<48} {sec:>9.2f} {rate:>7.2f} {peak:>9.2f}{shape}")
         else:
             print(f"{key:<48} {s['status']}: {s['detail']}")
