@@ -160,7 +160,9 @@ def drop_caches() -> bool:
 # j, j + jobs, j + 2 x jobs, ..., so together they read the file front to back from as many
 # threads (as a reader that hands out consecutive blocks to a thread pool does).
 # fastsafetensors 0.5.0 reads with O_DIRECT from 16 threads that take the next 512 KiB block
-# from one queue: its 16 MiB of pinned memory is cut into 2 buffers per thread.
+# from one queue: its 16 MiB of pinned memory is cut into 2 buffers per thread. Each `pread` is
+# 516 KiB at a 512 KiB-aligned offset, the block and the next one's first page (strace, session
+# 22), so neighbouring reads overlap by a page; no shape below overlaps so.
 FIO_SHAPES = {
     "fio O_DIRECT bs 1 MiB iodepth 32": ("1M", 32, 1, True, ""),
     "fio O_DIRECT bs 16 MiB iodepth 8": ("16M", 8, 1, True, ""),
