@@ -4,7 +4,7 @@
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
 #   bash benchmarks/gpu_all.sh [STEP...]
-#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint parts policy cligpu ringsetup pcreg firstcall save remote multigpu
+#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint blocks parts policy cligpu ringsetup pcreg firstcall save remote multigpu
 #          multickpt multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
@@ -134,6 +134,18 @@ timeout "${CKPT_TIMEOUT:-420}" python3 benchmarks/checkpoint_compare.py --dir /r
   ${CKPT_COLD:+--cold-loaders "$CKPT_COLD"} ${CKPT_FIO_SHAPES:+--fio-shapes "$CKPT_FIO_SHAPES"} \
   ${CKPT_REREAD:+--reread} --fio "$ROOT/.carry/bin/fio" >"$LOGS/checkpoint_compare.log" 2>&1
 cat "$LOGS/checkpoint_compare.log" | tail -30 | tee -a "$S"
+fi
+
+if want blocks; then
+step block-queue
+# fastsafetensors' read shape on the cold 8 GiB checkpoint (benchmarks/block_queue.py): 16
+# threads, 512 KiB blocks from one queue, each read with or without the next block's first page
+# (fastsafetensors reads with it), against 4 MiB blocks. Run it beside `checkpoint`.
+python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import checkpoint_compare as c; c.make_checkpoints('/root/ferrio-ckpt', 'single')" >>"$S" 2>&1
+timeout "${BLOCKS_TIMEOUT:-300}" python3 benchmarks/block_queue.py /root/ferrio-ckpt/single/model.safetensors \
+  --shapes "${BLOCKS_SHAPES:-512+0,512+4096,4096+0}" --rounds "${BLOCKS_ROUNDS:-4}" \
+  >"$LOGS/block_queue.log" 2>&1
+tail -4 "$LOGS/block_queue.log" | tee -a "$S"
 fi
 
 if want parts; then
