@@ -14,6 +14,8 @@ import statistics
 import threading
 import time
 
+from checkpoint_compare import drop_caches
+
 GIB = 1 << 30
 PAGE = 4096
 
@@ -59,9 +61,8 @@ def main() -> None:
     rates: dict[tuple[int, ...], list[float]] = {s: [] for s in shapes}
     for r in range(a.rounds):
         for kib, overlap in shapes if r % 2 == 0 else reversed(shapes):
-            os.sync()
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("3")
+            if not drop_caches():
+                raise SystemExit("cannot drop the page cache: run as root")
             rate = read_once(a.file, kib << 10, overlap, a.threads)
             rates[(kib, overlap)].append(rate)
             print(f"round {r + 1}: {kib} KiB + {overlap} B: {rate:.2f} GiB/s", flush=True)
