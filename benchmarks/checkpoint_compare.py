@@ -8,7 +8,8 @@ dropped through /proc/sys/vm/drop_caches, needs root; skipped otherwise). The ch
 CUDA context first (torch.cuda.init() and a tiny allocation), then times from just before the
 load call to after torch.cuda.synchronize(), and reports torch.cuda.max_memory_allocated().
 A loader whose import fails is reported as missing. Cold rows also say what the disk saw
-(/proc/diskstats): the mean request size, requests in flight while busy, and time per request.
+(/proc/diskstats) during the load: the mean request size, requests in flight while busy, time
+per request, bytes read and the rate while busy.
 
     python3 benchmarks/checkpoint_compare.py --dir /data/ckpt --rounds 3 [--json]
 """
@@ -82,13 +83,23 @@ try:
         raise ImportError(loader)
 except ImportError as e:
     print(json.dumps({"missing": str(e)})); sys.exit(0)
+def disk():
+    # /proc/diskstats' read counters of the files' disk, as disk_counters() below reads them.
+    dev = os.stat(files[0]).st_dev
+    for line in open("/proc/diskstats"):
+        f = line.split()
+        if (int(f[0]), int(f[1])) == (os.major(dev), os.minor(dev)):
+            return [int(f[i]) for i in (3, 5, 6, 12, 13)]
+disk_before = disk()
 start = time.perf_counter()
 tensors = load()
 torch.cuda.synchronize()
 seconds = time.perf_counter() - start
+disk_after = disk()
 nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
 print(json.dumps({"seconds": seconds, "tensor_bytes": nbytes,
-                  "peak_gpu_bytes": torch.cuda.max_memory_allocated()}))
+                  "peak_gpu_bytes": torch.cuda.max_memory_allocated(),
+                  "disk_before": disk_before, "disk_after": disk_after}))
 """
 
 
@@ -259,7 +270,12 @@ def run_child(loader: str, device: str, files: list[str]) -> dict:
         name, _, value = kv.partition("=")
         ferrio_setting = base == "ferrio" and name != "PYTHONPATH" and not name.startswith("CKPT_")
         env["FERRIO_" + name.upper() if ferrio_setting else name] = value
-    return run_python(CHILD, [base, device, *files], env)
+    res = run_python(CHILD, [base, device, *files], env)
+    # The disk's view of the load alone, where the child could read it (cold rows show it).
+    before, after = res.pop("disk_before", None), res.pop("disk_after", None)
+    if before and after and (shape := disk_shape(before, after)):
+        res["disk"] = shape
+    return res
 
 
 def run_python(code: str, args: list[str], env: dict | None = None, timeout: int = 900) -> dict:
@@ -334,7 +350,9 @@ def main() -> None:
                     else:
                         res = run_child(loader, args.device, files)
                     if mode == "cold":
-                        res["disk"] = disk_shape(before, disk_counters(files[0]))
+                        # A loader's own counters cover its load alone; the process's also
+                        # its start (Python's and torch's libraries, read from the disk again).
+                        res.setdefault("disk", disk_shape(before, disk_counters(files[0])))
                     loads = [(f"{ckpt} | {mode} | {loader}", res)]
                     # (Not under cache=bypass, which leaves nothing cached: its row is known.)
                     keeps = loader.startswith("ferrio") and "CACHE=BYPASS" not in loader.upper()
