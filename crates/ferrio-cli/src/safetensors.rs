@@ -8,6 +8,9 @@ use clap::Subcommand;
 
 use crate::{out, UsageError};
 
+/// The widest the table's name column pads to (longer names run past it).
+const NAME_COLUMN_MAX: usize = 80;
+
 /// Arguments of `ferrio safetensors`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -77,13 +80,15 @@ fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
         });
         return out(&v.to_string());
     }
+    // Names pad to the longest, up to a terminal's width: a longer name runs past its column
+    // rather than pad every row (or exceed what a format width can hold).
     let width = header
         .tensors
         .iter()
         .map(|t| printable(&t.name).chars().count())
         .max()
         .unwrap_or(4)
-        .max(4);
+        .clamp(4, NAME_COLUMN_MAX);
     out(&format!(
         "{:<width$}  {:<11}  {:<20}  {:>14}  {:>14}",
         "name", "dtype", "shape", "bytes", "offset"

@@ -72,3 +72,26 @@ fn names_and_metadata_cannot_break_the_table_or_drive_the_terminal() {
     let v: serde_json::Value = serde_json::from_slice(&inspect(&p, true).stdout).expect("json");
     assert_eq!(v["tensors"][0]["name"], "a\nb\u{1b}[31m");
 }
+
+#[test]
+fn a_name_longer_than_any_column_prints_whole() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let p = dir.path().join("long.safetensors");
+    // Past what a format width can hold (65,535), and short names beside it.
+    let long = "x".repeat(70_000);
+    let header = format!(
+        r#"{{"{long}":{{"dtype":"U8","shape":[1],"data_offsets":[0,1]}},"b":{{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}}}"#
+    );
+    std::fs::write(&p, file(&header, 2)).expect("write");
+    let o = inspect(&p, false);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        text.lines().any(|l| l.starts_with(&long)),
+        "the long name is cut"
+    );
+    // The short name's row pads to the column's cap, not to the long name.
+    let b = text.lines().find(|l| l.starts_with("b ")).expect("row b");
+    assert!(b.len() < 200, "{b}");
+    assert!(text.contains("valid: 2 tensors"), "{text}");
+}
