@@ -1,7 +1,7 @@
 //! What the reports print about this process and machine: CPU time used (own and waited-for
 //! children's, for CPU-seconds per GiB) and the space free on a file system (to size a benchmark
-//! file). These few libc calls are the command line's own; the library keeps its syscalls to
-//! itself.
+//! file); and the open-file limit the command line raises for itself. These few libc calls are
+//! the command line's own; the library keeps its syscalls to itself.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -14,6 +14,26 @@ fn rusage_seconds(who: libc::c_int) -> f64 {
     unsafe { libc::getrusage(who, &mut ru) };
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
     t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// Raises this process's soft limit on open files to its hard limit, as `ulimit -n` could, so
+/// that `ferrio read` of a few thousand files does not stop at the usual soft limit of 1024
+/// (each file is opened, and so checked, before any is read). Only the command line does this:
+/// a library should not change its host process's limits. Best effort.
+pub(crate) fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `getrlimit` writes one `rlimit` into the valid, exclusive `limit`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0
+        || limit.rlim_cur >= limit.rlim_max
+    {
+        return;
+    }
+    limit.rlim_cur = limit.rlim_max;
+    // SAFETY: `setrlimit` reads one valid `rlimit`; a soft limit up to the hard one is allowed.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
 }
 
 /// CPU time (user + system) this process has used, in seconds.

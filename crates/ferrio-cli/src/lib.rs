@@ -75,6 +75,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         eprintln!("ferrio: {err}");
         return 2;
     }
+    host::raise_open_file_limit();
     let _ctrl_c = interrupt::CtrlC::install();
     let result = match cli.command {
         Command::Read(a) => read::run(a),

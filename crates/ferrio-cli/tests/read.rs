@@ -57,6 +57,34 @@ fn ctrl_c_stops_a_read_promptly_with_130() {
 }
 
 #[test]
+fn more_files_than_the_soft_open_file_limit_are_read() {
+    let d = tmp();
+    let files: Vec<PathBuf> = (0..300)
+        .map(|i| {
+            let p = d.path().join(format!("f{i}"));
+            fs::write(&p, i.to_string()).expect("write");
+            p
+        })
+        .collect();
+    let bytes: u64 = (0..300).map(|i: u32| i.to_string().len() as u64).sum();
+    // Soft limit 64, hard limit as it is (the hard one must leave room to raise it).
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg("[ \"$(ulimit -H -n)\" = unlimited ] || [ \"$(ulimit -H -n)\" -ge 1024 ] || exit 77; ulimit -S -n 64 && exec \"$0\" read --json \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_ferrio"))
+        .args(&files);
+    let o = cmd.output().expect("run sh");
+    if o.status.code() == Some(77) {
+        eprintln!("skipped: the hard open-file limit is below 1024");
+        return;
+    }
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "stderr: {err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["bytes"], bytes);
+}
+
+#[test]
 fn many_large_files_fit_in_bounded_memory() {
     let d = tmp();
     let files: Vec<PathBuf> = (0..4)
