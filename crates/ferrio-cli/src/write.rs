@@ -108,9 +108,26 @@ fn check_target(p: &Path, size: u64) -> anyhow::Result<bool> {
         |why: String| -> anyhow::Error { UsageError(format!("{}: {why}", p.display())).into() };
     match std::fs::metadata(p) {
         Ok(m) if m.is_dir() => return Err(bad("is a directory".into())),
+        // The library refuses these when it opens them; found here, no other target is
+        // touched first.
+        Ok(m) if !m.is_file() && !m.file_type().is_block_device() => {
+            let ft = m.file_type();
+            let kind = if ft.is_fifo() {
+                "is a FIFO"
+            } else if ft.is_char_device() {
+                "is a character device"
+            } else if ft.is_socket() {
+                "is a socket"
+            } else {
+                "is not a regular file"
+            };
+            return Err(bad(format!(
+                "{kind} (only regular files and block devices can be written)"
+            )));
+        }
         Ok(m) => {
-            if !may_write(p) {
-                return Err(bad("permission denied (not writable)".into()));
+            if let Some(why) = write_refused(p) {
+                return Err(bad(format!("{why} (not writable)")));
             }
             // A device cannot grow: a write past its end would fail after the device was
             // opened for writing (the kernel says only EINVAL).
@@ -146,9 +163,9 @@ fn check_target(p: &Path, size: u64) -> anyhow::Result<bool> {
         }
         Err(e) => return Err(bad(format!("{}: {e}", parent.display()))),
     }
-    if !may_write(parent) {
+    if let Some(why) = write_refused(parent) {
         return Err(bad(format!(
-            "cannot create files in {}: permission denied",
+            "cannot create files in {}: {why}",
             parent.display()
         )));
     }
@@ -156,13 +173,23 @@ fn check_target(p: &Path, size: u64) -> anyhow::Result<bool> {
     Ok(std::fs::symlink_metadata(p).is_ok())
 }
 
-/// Whether this process may write `p` (a directory: create entries in it), by `access(2)`.
-fn may_write(p: &Path) -> bool {
+/// Why this process may not write `p` (a directory: create entries in it), by `access(2)`:
+/// `None` where it may, else what the kernel said ("permission denied", "read-only file
+/// system"), in lower case as the other reasons here are.
+fn write_refused(p: &Path) -> Option<String> {
     let Ok(c) = CString::new(p.as_os_str().as_bytes()) else {
-        return false;
+        return Some("the path holds a NUL byte".into());
     };
     // SAFETY: `c` is a NUL-terminated string that lives across the call; access only reads it.
-    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0 {
+        return None;
+    }
+    let e = std::io::Error::last_os_error();
+    Some(match e.raw_os_error() {
+        Some(libc::EROFS) => "read-only file system".into(),
+        Some(libc::EACCES | libc::EPERM) => "permission denied".into(),
+        _ => e.to_string(),
+    })
 }
 
 fn write_all(

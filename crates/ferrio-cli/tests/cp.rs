@@ -434,3 +434,57 @@ fn cp_r_into_itself_through_a_bind_mount_is_refused() {
     assert!(stderr(&o).contains("into itself"), "{}", stderr(&o));
     assert!(!dir.join("dir").exists(), "copied into itself");
 }
+
+#[test]
+fn a_sysfs_attribute_is_copied_to_its_end() {
+    // sysfs says 4096 bytes for an attribute, whatever it holds.
+    let src = Path::new("/sys/class/net/lo/address");
+    let Ok(want) = fs::read(src) else {
+        eprintln!("skipped: {} is not readable here", src.display());
+        return;
+    };
+    let d = tmp();
+    let dst = d.path().join("address");
+    let o = run(&[Path::new("cp"), src, &dst]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(fs::read(&dst).unwrap(), want);
+}
+
+#[test]
+fn a_read_only_file_system_is_named_as_such_and_its_file_kept() {
+    let lfs = match LoopFs::new(16) {
+        Ok(l) => l,
+        Err(why) => {
+            eprintln!("skipped: a loop file system: {why}");
+            return;
+        }
+    };
+    let mnt = lfs.mnt();
+    let dst = mnt.join("dst");
+    fs::write(&dst, b"old").unwrap();
+    let remount = |opt: &str| {
+        Command::new("mount")
+            .args(["-o", &format!("remount,{opt}")])
+            .arg(&mnt)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    assert!(remount("ro"), "remount read-only");
+    let d = tmp();
+    let src = d.path().join("src");
+    fs::write(&src, b"new").unwrap();
+    let o = run(&[Path::new("cp"), &src, &dst]);
+    let w = ferrio()
+        .args(["write", "--size", "1MiB"])
+        .arg(mnt.join("w"))
+        .output()
+        .expect("run ferrio");
+    assert!(remount("rw"), "remount read-write");
+    let err = stderr(&o);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("read-only file system"), "{err}");
+    assert_eq!(fs::read(&dst).unwrap(), b"old");
+    let err = stderr(&w);
+    assert_eq!(w.status.code(), Some(2), "{err}");
+    assert!(err.contains("read-only file system"), "{err}");
+}

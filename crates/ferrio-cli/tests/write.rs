@@ -119,7 +119,7 @@ fn a_full_disk_leaves_no_new_file_and_names_an_overwritten_one() {
 }
 
 #[test]
-fn a_refused_fifo_or_device_is_not_called_overwritten() {
+fn a_fifo_or_device_is_refused_before_any_target_is_touched() {
     let d = tmp();
     let fifo = d.path().join("fifo");
     let null = d.path().join("null");
@@ -136,21 +136,27 @@ fn a_refused_fifo_or_device_is_not_called_overwritten() {
     } else {
         eprintln!("character device part skipped: mknod needs root");
     }
+    // Refused before any target is opened: a file named first keeps its bytes.
+    let existing = d.path().join("existing");
+    fs::write(&existing, b"keep me").unwrap();
     for t in &targets {
         let o = run(&[
             Path::new("write"),
             Path::new("--size"),
             Path::new("1MiB"),
+            &existing,
             t,
         ]);
         let err = stderr(&o);
-        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert_eq!(o.status.code(), Some(2), "{err}");
         assert!(
             err.contains("only regular files and block devices"),
             "{err}"
         );
+        assert!(err.contains(&*t.to_string_lossy()), "{err}");
         assert!(!err.contains("overwritten"), "{err}");
         assert_eq!(err.lines().count(), 1, "{err}");
+        assert_eq!(fs::read(&existing).unwrap(), b"keep me", "{err}");
     }
 }
 

@@ -242,16 +242,21 @@ pub(super) fn write_target(dst: &Path, existing: Option<&Metadata>) -> Result<Pa
             });
         }
     }
-    let writable = crate::sys::may_write(&target).map_err(|source| Error::Fs {
+    let refused = crate::sys::write_refused(&target).map_err(|source| Error::Fs {
         action: "check write permission of",
         path: target.clone(),
         source,
     })?;
-    if !writable {
+    if let Some(source) = refused {
+        let action = if source.raw_os_error() == Some(libc::EROFS) {
+            "cannot replace a file on a read-only file system:"
+        } else {
+            "cannot replace a file this user may not write:"
+        };
         return Err(Error::Fs {
-            action: "cannot replace a file this user may not write:",
+            action,
             path: dst.to_path_buf(),
-            source: io::Error::from_raw_os_error(libc::EACCES),
+            source,
         });
     }
     Ok(target)

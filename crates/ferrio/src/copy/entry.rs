@@ -117,8 +117,9 @@ impl Copier<'_> {
         };
         let mut bytes_cfr = 0;
         let mut out = None;
-        // procfs and sysfs say 0 for files that have content: read those to their end.
-        let to_eof = size == 0;
+        // procfs says 0 for files that have content, sysfs 4096 whatever they hold: read those
+        // to their end.
+        let to_eof = size == 0 || sys::statfs::content_is_generated(&e.src);
         let moved = if to_eof {
             self.copy_to_eof(&src, &handle, &e.dst)?
         } else if try_cfr && data > 0 {

@@ -469,18 +469,19 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Whether this process may write `path` (`faccessat(W_OK, AT_EACCESS)`: the effective user,
-/// so root may write any file, as the kernel lets it).
-pub fn may_write(path: &Path) -> io::Result<bool> {
+/// Why this process may not write `path` (`faccessat(W_OK, AT_EACCESS)`: the effective user,
+/// so root may write any file, as the kernel lets it): `None` where it may, else the kernel's
+/// refusal (`EACCES`, `EPERM`, or `EROFS` on a read-only file system).
+pub fn write_refused(path: &Path) -> io::Result<Option<io::Error>> {
     let c = c_path(path)?;
     // SAFETY: `c` is a valid C string; faccessat only reads it.
     let rc = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) };
     if rc == 0 {
-        return Ok(true);
+        return Ok(None);
     }
     let e = io::Error::last_os_error();
     match e.raw_os_error() {
-        Some(libc::EACCES | libc::EPERM | libc::EROFS) => Ok(false),
+        Some(libc::EACCES | libc::EPERM | libc::EROFS) => Ok(Some(e)),
         _ => Err(e),
     }
 }

@@ -26,6 +26,24 @@ pub(crate) fn fs_magic(path: &Path) -> io::Result<u32> {
     Ok(buf.f_type as u32)
 }
 
+/// Whether `path` lies on a file system whose files make their content as they are read, so
+/// that their size does not say what they hold: procfs and cgroup files report 0, sysfs
+/// attributes 4096 whatever they hold (`/sys/class/net/lo/address`: 18 bytes). Such files are
+/// read to their end, as `cp` and `cat` do.
+pub(crate) fn content_is_generated(path: &Path) -> bool {
+    const GENERATED: [u32; 8] = [
+        0x9fa0,      // PROC_SUPER_MAGIC
+        0x6265_6572, // SYSFS_MAGIC
+        0x6462_6720, // DEBUGFS_MAGIC
+        0x7472_6163, // TRACEFS_MAGIC
+        0x6265_6570, // CONFIGFS_MAGIC
+        0x7363_6673, // SECURITYFS_MAGIC
+        0x0027_e0eb, // CGROUP_SUPER_MAGIC
+        0x6367_7270, // CGROUP2_SUPER_MAGIC
+    ];
+    fs_magic(path).is_ok_and(|m| GENERATED.contains(&m))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -37,6 +55,18 @@ mod tests {
             return;
         };
         assert_eq!(magic, 0x0102_1994, "TMPFS_MAGIC");
+    }
+
+    #[test]
+    fn proc_and_sys_make_their_content_and_tmp_does_not() {
+        for (path, generated) in [("/proc/self/status", true), ("/sys/kernel", true)] {
+            if Path::new(path).exists() {
+                assert_eq!(content_is_generated(Path::new(path)), generated, "{path}");
+            }
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        assert!(!content_is_generated(dir.path()));
+        assert!(!content_is_generated(Path::new("/nonexistent/ferrio")));
     }
 
     #[test]
