@@ -353,6 +353,41 @@ def test_loaded_tensors_are_writable_and_aligned(tmp_path):
     assert got["b"].flags.aligned and got["b"].flags.writeable
 
 
+def test_a_misaligned_tensor_is_copied_only_after_its_bytes_arrive(tmp_path, monkeypatch):
+    """A view of bytes not aligned to the element size is a copy; made before the reads end it
+    would copy what the buffer held before (zeros, junk), as load_file once did."""
+    big = np.arange(32 << 20, dtype=np.uint8)
+    w = np.array([1.5, 2.5, 3.5, 4.5], dtype=np.float32)
+    p = tmp_path / "m.safetensors"
+    end = 1 + big.size
+    write_raw(p, {"flag": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                  "big": {"dtype": "U8", "shape": [big.size], "data_offsets": [1, end]},
+                  "w": {"dtype": "F32", "shape": [4], "data_offsets": [end, end + 16]}},
+              0, b"\x07" + big.tobytes() + w.tobytes())  # fmt: skip
+    started: list[ferrio.IOFuture] = []
+    copied_early: list[str] = []
+    real_start, real_view = fs._Load.start, fs._Load.view
+
+    def start(self, runs):
+        futures = real_start(self, runs)
+        started.extend(futures)
+        return futures
+
+    def view(self, t):
+        # "w" lies at an odd place in the buffer, as in the file: its view is a copy.
+        if t.name == "w" and not all(f.done() for f in started):
+            copied_early.append(t.name)
+        return real_view(self, t)
+
+    monkeypatch.setattr(fs._Load, "start", start)
+    monkeypatch.setattr(fs._Load, "view", view)
+    for _ in range(3):
+        got = fsn.load_file(p)
+        np.testing.assert_array_equal(got["w"], w)
+        assert got["flag"][0] == 7 and got["big"][-1] == big[-1]
+    assert copied_early == []
+
+
 def test_save_file_is_atomic(tmp_path):
     p = tmp_path / "m.safetensors"
     p.write_bytes(b"old")

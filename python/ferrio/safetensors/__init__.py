@@ -367,14 +367,17 @@ def _load(fw: Framework, ckpt: _Checkpoint, tensors: list[_Tensor]) -> dict[str,
         fw.check_dtype(t.name, t.dtype)
     load = _Load(fw, ckpt, tensors)
     futures = load.start(load.runs)
+    # A view needs the buffer, not its bytes: made while the reads run. Except where the view
+    # is a copy (bytes not aligned to the element size, which a file may place them at): a
+    # copy made now would copy bytes not yet read, so those wait for the reads.
+    early = [t for t in tensors if load.at[t.name] % 8 == 0]
     try:
-        # A view needs the buffer, not its bytes: made while the reads run.
-        views = {t.name: load.view(t) for t in tensors}
+        views = {t.name: load.view(t) for t in early}
     except BaseException:
         ferrio.wait(futures)  # the reads end before the buffer can go
         raise
     load.wait(futures, load.runs)
-    return views
+    return {t.name: views[t.name] if t.name in views else load.view(t) for t in tensors}
 
 
 def _load_shared(
