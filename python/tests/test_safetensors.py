@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import struct
 import time
 
@@ -386,6 +387,47 @@ def test_a_misaligned_tensor_is_copied_only_after_its_bytes_arrive(tmp_path, mon
         np.testing.assert_array_equal(got["w"], w)
         assert got["flag"][0] == 7 and got["big"][-1] == big[-1]
     assert copied_early == []
+
+
+def test_save_file_refuses_what_cannot_be_a_file_before_writing(tmp_path):
+    d = {"a": np.arange(4, dtype=np.float32)}
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="regular files only"):
+        fsn.save_file(d, fifo)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(IsADirectoryError):
+        fsn.save_file(d, tmp_path / "dir")
+    with pytest.raises(NotADirectoryError):
+        fsn.save_file(d, str(tmp_path / "new.safetensors") + "/")
+    with pytest.raises(FileNotFoundError):
+        fsn.save_file(d, "")
+    with pytest.raises(FileNotFoundError, match="nodir"):
+        fsn.save_file(d, tmp_path / "nodir" / "m.safetensors")
+    assert sorted(os.listdir(tmp_path)) == ["dir", "fifo"]
+    assert os.listdir(tmp_path / "dir") == []
+
+
+def test_save_file_takes_the_longest_name_a_directory_holds(tmp_path):
+    p = tmp_path / ("m" * 240 + ".safetensors")  # 252 bytes: the temporary name is cut
+    d = {"a": np.arange(4, dtype=np.float32)}
+    fsn.save_file(d, p)
+    assert_same(sn.load_file(p), d)
+    assert os.listdir(tmp_path) == [p.name]
+
+
+def test_save_refuses_a_header_no_loader_reads():
+    with pytest.raises(SafetensorError, match="header too large"):
+        fsn.save({"a": np.zeros(1)}, metadata={"k": "x" * 100_000_001})
+
+
+def test_tensor_filter_may_be_any_iterable_of_patterns(tmp_path):
+    p = tmp_path / "m.safetensors"
+    d = {n: np.arange(3, dtype=np.int32) for n in ("a", "b", "c")}
+    fsn.save_file(d, p)
+    got = fsn.load_file(p, tensor_filter=(pat for pat in ["c", "b*", "a"]))
+    assert sorted(got) == ["a", "b", "c"]
 
 
 def test_save_file_is_atomic(tmp_path):

@@ -388,8 +388,9 @@ fn a_fifo_is_refused_at_once_by_info_read_and_write() {
         vec!["read", ps],
         vec!["write", ps, "--size", "1MiB"],
     ] {
+        // Bad input, as a missing file is: exit 2.
         let o = run_within(&args);
-        assert_one_line_error(&o, 1, "is a FIFO");
+        assert_one_line_error(&o, 2, "is a FIFO");
         assert!(String::from_utf8_lossy(&o.stderr).contains(ps), "{o:?}");
     }
 }

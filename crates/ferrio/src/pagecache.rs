@@ -29,12 +29,16 @@ impl Residency {
     }
 }
 
+/// Opens `path` to read, refusing at once what is not a regular file or block device (a FIFO's
+/// plain `open` would wait for a writer).
 fn open_read(path: &Path) -> Result<std::fs::File> {
-    std::fs::File::open(path).map_err(|source| Error::Open {
-        path: path.to_path_buf(),
-        mode: "r".into(),
-        source,
-    })
+    crate::file::open_checked(path, libc::O_RDONLY | libc::O_CLOEXEC)
+        .map(std::fs::File::from)
+        .map_err(|source| Error::Open {
+            path: path.to_path_buf(),
+            mode: "r".into(),
+            source,
+        })
 }
 
 /// Residency of `[offset, offset+len)` of the file at `path` (`len` None: to end of file),

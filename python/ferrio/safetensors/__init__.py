@@ -37,6 +37,7 @@ Invalid files raise :class:`SafetensorError` (a ``ValueError``) naming the tenso
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import itertools
 import json
@@ -87,6 +88,9 @@ _STREAM_BATCH_BYTES = 4 << 20
 # Numbers the temporary files of `save_file`, so that threads saving to one name at once each
 # write their own (`next` on a count is atomic under the GIL).
 _save_ids = itertools.count()
+
+# The longest header a loader reads (the library's `MAX_HEADER_BYTES`, safetensors' own limit).
+_MAX_HEADER_BYTES = 100_000_000
 
 # Shards opened (and their headers read) at once: each is a round trip or two to a store.
 _HEADER_THREADS = 16
@@ -182,6 +186,8 @@ class _Checkpoint:
         files, weight_map = _shard_files(path)
         if isinstance(tensor_filter, str):
             tensor_filter = [tensor_filter]
+        elif tensor_filter is not None:
+            tensor_filter = list(tensor_filter)  # a generator would be used up by the first name
         if weight_map is not None and tensor_filter is not None:
             # The index says which shards hold a selected tensor: open only those.
             wanted = {f for n, f in weight_map.items() if _selected(n, tensor_filter)}
@@ -709,6 +715,12 @@ def _prepare(
         specs.append((name, dtype, shape))
         data[name] = raw
     header, places = safetensors_header_bytes(specs, None if metadata is None else dict(metadata))
+    if len(header) - 8 > _MAX_HEADER_BYTES:
+        # What no loader would read back (this one's rule, and safetensors').
+        raise SafetensorError(
+            f"header too large: {len(header) - 8} bytes, more than the limit of "
+            f"{_MAX_HEADER_BYTES} (metadata or tensor names too long)"
+        )
     return header, [(data[name], len(header) + b) for name, b, e in places if e > b]
 
 
@@ -731,6 +743,33 @@ def _nbytes(raw: Any) -> int:
     return int(n() if callable(n) else n)
 
 
+def _save_target(filename: PathLike) -> str:
+    """Return the file `save_file` replaces (symlinks followed), checked before any write.
+
+    Where `filename` cannot be a file the error names it, rather than the temporary file; a
+    device or FIFO is refused, never replaced by a file.
+    """
+    given = os.fsdecode(os.fspath(filename))
+    if not given:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", given)
+    target = os.path.realpath(given)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        if given.endswith(os.sep):
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", given) from None
+        if not os.path.isdir(os.path.dirname(target)):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", given) from None
+        return target
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", given)
+    if given.endswith(os.sep):
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", given)
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "not a regular file: a save replaces regular files only", given)
+    return target
+
+
 def save_file(
     tensors: Mapping[str, Any],
     filename: PathLike,
@@ -746,15 +785,16 @@ def save_file(
     writes reach the disk sooner), then renamed over `filename`; on any error the temporary file is
     removed and `filename` is untouched. A `filename` that is a symlink is written through, as
     ``safetensors`` and ``cp`` do: the file it names is replaced. A file replaced keeps its
-    permission bits; other hard links to it keep the old bytes. Tensors must not be modified
-    while the call runs.
+    permission bits; other hard links to it keep the old bytes. A `filename` that exists must be
+    a regular file: a directory, FIFO or device raises ``OSError`` before anything is written.
+    Tensors must not be modified while the call runs.
     """
     header, parts = _prepare(tensors, metadata)
-    target = os.path.realpath(os.fspath(filename))
-    tmp = os.path.join(
-        os.path.dirname(target),
-        f".{os.path.basename(target)}.ferrio-tmp-{os.getpid()}-{next(_save_ids)}",
-    )
+    target = _save_target(filename)
+    suffix = f".ferrio-tmp-{os.getpid()}-{next(_save_ids)}"
+    # The target's name, cut where the temporary name would pass NAME_MAX (255 bytes).
+    base = os.fsencode(os.path.basename(target))[: 255 - 1 - len(suffix)]
+    tmp = os.path.join(os.path.dirname(target), "." + os.fsdecode(base) + suffix)
     try:
         # A synced save bypasses the page cache under cache=auto (File.sync's docstring).
         synced = {"cache": "bypass"} if fsync and ferrio.config.get("cache") == "auto" else {}

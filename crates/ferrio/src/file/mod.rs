@@ -653,7 +653,7 @@ impl std::fmt::Debug for File {
 /// A FIFO's `open` would otherwise wait for a writer (or reader), in an uninterruptible way as
 /// far as a caller's Ctrl-C is concerned. Checking the open descriptor rather than the path
 /// first leaves no window for the path to change kind in between.
-fn open_checked(path: &Path, flags: libc::c_int) -> std::io::Result<OwnedFd> {
+pub(crate) fn open_checked(path: &Path, flags: libc::c_int) -> std::io::Result<OwnedFd> {
     let fd = match sys::open(path, flags | libc::O_NONBLOCK, 0o666) {
         Ok(fd) => fd,
         // A FIFO opened for writing without a reader fails with ENXIO: say what it is instead.

@@ -44,3 +44,21 @@ fn drop_system_cache_needs_root() {
         Err(e) => assert!(!ferrio::sys::is_root(), "root but failed: {e}"),
     }
 }
+
+#[test]
+fn a_fifo_is_refused_at_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a valid C string naming a path in this test's directory.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    // Without the check each call would wait for a writer, forever.
+    for err in [
+        pagecache::residency(&fifo, 0, None)
+            .map(|_| ())
+            .unwrap_err(),
+        pagecache::drop_file(&fifo).unwrap_err(),
+    ] {
+        assert!(err.to_string().contains("is a FIFO"), "{err}");
+    }
+}
