@@ -405,7 +405,7 @@ fn task_size_flag_is_checked_like_its_variable() {
     assert_one_line_error(&o, 2, "--task-size");
     let by_flag = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(
-        by_flag.contains("\"0\"") && by_flag.contains("at least 1 byte"),
+        by_flag.contains("\"0\"") && by_flag.contains("at least 4 KiB"),
         "{by_flag}"
     );
     let o = ferrio()

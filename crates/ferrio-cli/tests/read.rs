@@ -41,7 +41,7 @@ fn ctrl_c_stops_a_read_promptly_with_130() {
     let f = sparse(d.path(), "big", 8 << 30);
     // Tiny tasks on one thread: a 1 GiB window takes several seconds.
     let mut child = ferrio()
-        .args(["read", "--threads", "1", "--task-size", "512"])
+        .args(["read", "--threads", "1", "--task-size", "4096"])
         .arg(&f)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -278,7 +278,9 @@ pub const SETTINGS: &[SettingInfo] = &[
         doc: "a request is split into tasks of this size that run on the pool's threads",
         get: |s| s.task_size.to_string(),
         set: |s, v| {
-            s.task_size = size(v, 1, "a size of at least 1 byte")?;
+            // One task per page at most: 1-byte tasks would plan (and hold) 24 bytes of task
+            // per byte read.
+            s.task_size = size(v, 4096, "a size of at least 4 KiB")?;
             Ok(())
         },
     },
@@ -962,6 +964,9 @@ mod tests {
         let e = s.set("no_such_knob", "1").unwrap_err().to_string();
         assert!(e.contains("task_size"), "{e}");
         assert!(s.set("task_size", "0").is_err());
+        // Under a page, a request would plan a task (24 bytes) per few bytes it reads.
+        let e = s.set("task_size", "1").unwrap_err().to_string();
+        assert!(e.contains("at least 4 KiB"), "{e}");
         assert!(s.set("max_threads", "0").is_err());
         assert_eq!(s, Settings::default(), "a refused value changes nothing");
     }
