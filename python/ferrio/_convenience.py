@@ -7,6 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from ferrio._native import open as _open
 
+# The largest file `fromfile` reads to its end with one plain read when `count` is -1 (a sysfs
+# attribute reports 4096 bytes whatever it holds; a binary one up to its size).
+_SMALL_FILE = 64 << 10
+
 if TYPE_CHECKING:
     import numpy.typing as npt
 
@@ -25,7 +29,8 @@ def fromfile(
     Reads `count` items of `dtype` (-1: as many whole items as the file holds after
     `offset`) starting `offset` bytes into the file, or exactly ``prod(shape)`` items shaped
     `shape`. Raises ValueError if the file is shorter than asked. A file that reports size 0
-    (procfs and sysfs files do, whatever they hold) is read to its end when `count` is -1.
+    (procfs files do, whatever they hold), or at most 64 KiB (sysfs files say 4096), is read to
+    its end when `count` is -1.
     Needs numpy.
 
     `device` ``"cpu"`` gives a numpy array; ``"cuda"`` or ``"cuda:N"`` a CuPy array on GPU N
@@ -44,9 +49,10 @@ def fromfile(
     if shape is not None and count != -1:
         raise ValueError("give count or shape, not both")
     with _open(path, "r") as f:
-        if shape is None and count < 0 and f.size == 0:
-            # procfs and sysfs files report size 0 yet have content: read them to their end,
-            # as numpy.fromfile does (they are small; an empty file costs one read).
+        if shape is None and count < 0 and f.size <= _SMALL_FILE:
+            # procfs files report size 0 and sysfs attributes 4096, whatever they hold: a small
+            # file is read to its end, as numpy.fromfile does (one plain read; for a regular file
+            # the same bytes, and as fast: the pools pay off on large files).
             return _read_to_end(path, dt, offset, device)
         if shape is not None:
             dims = (shape,) if isinstance(shape, int) else tuple(shape)

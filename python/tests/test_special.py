@@ -70,6 +70,24 @@ def test_fromfile_reads_a_size_zero_proc_file_to_its_end() -> None:
     assert words.nbytes == (len(arr) // 4) * 4
 
 
+def test_fromfile_reads_a_sysfs_attribute_to_its_end() -> None:
+    """sysfs says 4096 bytes for an attribute whatever it holds, as numpy.fromfile finds."""
+    path = "/sys/class/net/lo/address"
+    if not os.path.exists(path):
+        pytest.skip(f"no {path} here")
+    with open(path, "rb") as f:
+        want = f.read()
+    assert ferrio.fromfile(path).tobytes() == want
+
+
+def test_fromfile_of_a_small_regular_file_is_as_for_any_other(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(bytes(range(256)) * 4)
+    assert ferrio.fromfile(p).tobytes() == p.read_bytes()
+    assert ferrio.fromfile(p, dtype="<u4", offset=3).tobytes() == p.read_bytes()[3:1023]
+    assert ferrio.fromfile(p, count=2, dtype="<u2").tolist() == [0x0100, 0x0302]
+
+
 def test_a_block_device_has_its_size(tmp_path: Path) -> None:
     if not is_root():
         pytest.skip("needs root (losetup)")
