@@ -156,6 +156,11 @@ def test_bad_options_raise_value_error(small_file: Path) -> None:
         ferrio.open(small_file, task_size=1.5)  # type: ignore[arg-type]
 
 
+def test_a_url_of_an_unknown_scheme_is_named_as_such() -> None:
+    with pytest.raises(FileNotFoundError, match="ftp:// is not a URL scheme ferrio opens"):
+        ferrio.open("ftp://example.invalid/x")
+
+
 def test_missing_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope" / "missing.bin"
     with pytest.raises(FileNotFoundError) as e:

@@ -239,7 +239,15 @@ pub(crate) fn json_path(p: &std::path::Path) -> serde_json::Value {
 pub(crate) fn existing(path: &PathBuf) -> anyhow::Result<()> {
     match std::fs::metadata(path) {
         Ok(_) => Ok(()),
-        Err(e) => Err(UsageError(format!("{}: {e}", path.display())).into()),
+        Err(e) => {
+            let hint = path
+                .to_str()
+                .and_then(ferrio::remote::unsupported_url_scheme)
+                .filter(|_| e.kind() == std::io::ErrorKind::NotFound)
+                .map(|why| format!("; {why}"))
+                .unwrap_or_default();
+            Err(UsageError(format!("{}: {e}{hint}", path.display())).into())
+        }
     }
 }
 

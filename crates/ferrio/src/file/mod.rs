@@ -222,7 +222,7 @@ impl File {
         let open_err = |source| Error::Open {
             path: path.to_path_buf(),
             mode: mode.as_str().to_string(),
-            source,
+            source: unknown_scheme_hint(path, source),
         };
         let fd = open_checked(path, mode.flags()).map_err(open_err)?;
         let st = sys::fstat(fd.as_fd()).map_err(|e| Error::io(Op::Stat, path, 0, 0, e))?;
@@ -671,6 +671,20 @@ pub(crate) fn open_checked(path: &Path, flags: libc::c_int) -> std::io::Result<O
     }
     sys::set_nonblocking(fd.as_fd(), false)?;
     Ok(fd)
+}
+
+/// `source` for a path that does not exist, told where the path reads as a URL of a scheme
+/// ferrio does not open (`ftp://host/x`, `file:///x`): a plain "No such file or directory"
+/// would not say why. Any other error is returned as it is.
+fn unknown_scheme_hint(path: &Path, source: std::io::Error) -> std::io::Error {
+    if source.kind() != std::io::ErrorKind::NotFound {
+        return source;
+    }
+    let text = path.to_string_lossy();
+    let Some(why) = crate::remote::unsupported_url_scheme(&text) else {
+        return source;
+    };
+    std::io::Error::new(std::io::ErrorKind::NotFound, format!("{source}; {why}"))
 }
 
 /// The error for a file of kind `fmt` (`S_IFMT` bits) that ferrio does not read or write, or

@@ -67,6 +67,19 @@ pub fn is_remote_url(s: &str) -> bool {
     SCHEMES.iter().any(|p| lower.starts_with(p))
 }
 
+/// Where `s` reads as a URL (`scheme://...`) of a scheme ferrio does not open (`ftp`, `file`),
+/// a sentence saying so, for an error that would otherwise say only "No such file or
+/// directory".
+pub fn unsupported_url_scheme(s: &str) -> Option<String> {
+    let (scheme, _) = s.split_once("://")?;
+    let mut chars = scheme.chars();
+    let is_scheme = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    (is_scheme && !is_remote_url(s)).then(|| {
+        format!("{scheme}:// is not a URL scheme ferrio opens (s3://, gs://, az://, http(s)://)")
+    })
+}
+
 /// Parses `url` into a store kind and a path; a malformed or unsupported URL is
 /// [`Error::InvalidArgument`] naming it.
 pub(crate) fn parse(url: &str) -> Result<Location> {
@@ -521,6 +534,24 @@ mod tests {
 
     /// The kept stores are one list for the process: these tests take turns with it.
     static KEPT: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn only_a_url_of_a_scheme_not_opened_is_named() {
+        let why = unsupported_url_scheme("ftp://host/x").expect("ftp");
+        assert!(why.starts_with("ftp:// is not a URL scheme"), "{why}");
+        assert!(unsupported_url_scheme("file:///etc/x").is_some());
+        for not in [
+            "s3://b/k",
+            "HTTPS://h/x",
+            "/data/x",
+            "a:b",
+            "dir/x://y",
+            "1ftp://x",
+            "",
+        ] {
+            assert_eq!(unsupported_url_scheme(not), None, "{not}");
+        }
+    }
 
     #[test]
     fn s3_bodies_go_unsigned_over_https_unless_the_environment_says() {
