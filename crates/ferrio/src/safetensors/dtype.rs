@@ -140,6 +140,15 @@ impl Dtype {
         let bits = elements.checked_mul(self.bits())?;
         (bits % 8 == 0).then_some(bits / 8)
     }
+
+    /// Why [`Dtype::bytes_for`] has no answer for `elements`, as the end of a sentence.
+    pub(crate) fn why_no_bytes(self, elements: u64) -> String {
+        if elements.checked_mul(self.bits()).is_none() {
+            format!("{elements} elements of {self}, more bits than fit in 64 bits")
+        } else {
+            format!("{elements} elements of {self}, which do not fill whole bytes")
+        }
+    }
 }
 
 impl fmt::Display for Dtype {
@@ -200,5 +209,9 @@ mod tests {
         assert_eq!(Dtype::F6_E2M3.bytes_for(4), Some(3));
         assert_eq!(Dtype::BF16.bytes_for(5), Some(10));
         assert_eq!(Dtype::U64.bytes_for(u64::MAX), None);
+        assert!(Dtype::F64
+            .why_no_bytes(1 << 61)
+            .contains("more bits than fit"));
+        assert!(Dtype::F4.why_no_bytes(3).contains("whole bytes"));
     }
 }

@@ -287,7 +287,8 @@ fn parse_tensor(name: String, value: serde_json::Value) -> Result<TensorInfo> {
         })?;
     let Some(nbytes) = dtype.bytes_for(elements) else {
         return Err(bad(format!(
-            "shape {shape:?} of {dtype} is {elements} elements, which do not fill whole bytes"
+            "shape {shape:?} is {}",
+            dtype.why_no_bytes(elements)
         )));
     };
     if nbytes != end - begin {

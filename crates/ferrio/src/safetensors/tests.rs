@@ -97,6 +97,12 @@ fn each_rule_is_named() {
         1,
     );
     assert!(r.contains("whole bytes"), "{r}");
+    // 2^61 elements fit in 64 bits, their bits do not: said so, not "whole bytes".
+    let (_, r) = t(
+        r#"{"a":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}}"#,
+        0,
+    );
+    assert!(r.contains("more bits than fit in 64 bits"), "{r}");
     let (_, r) = t(
         r#"{"a":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,1]}}"#,
         1,

@@ -64,12 +64,10 @@ pub fn header_bytes(
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
             .ok_or_else(|| bad("shape overflows 64 bits".into()))?;
-        let nbytes = t.dtype.bytes_for(elements).ok_or_else(|| {
-            bad(format!(
-                "{elements} elements of {} do not fill whole bytes",
-                t.dtype
-            ))
-        })?;
+        let nbytes = t
+            .dtype
+            .bytes_for(elements)
+            .ok_or_else(|| bad(t.dtype.why_no_bytes(elements)))?;
         let end = at
             .checked_add(nbytes)
             .ok_or_else(|| bad("data section overflows 64 bits".into()))?;
