@@ -422,6 +422,15 @@ def test_save_refuses_a_header_no_loader_reads():
         fsn.save({"a": np.zeros(1)}, metadata={"k": "x" * 100_000_001})
 
 
+def test_a_bytes_path_loads_and_bad_metadata_is_named(tmp_path):
+    p = tmp_path / "m.safetensors"
+    d = {"a": np.arange(3, dtype=np.int32)}
+    fsn.save_file(d, p)
+    assert_same(fsn.load_file(os.fsencode(p)), d)
+    with pytest.raises(TypeError, match=r"metadata must be a dict of str to str: 'k'"):
+        fsn.save(d, metadata={"k": 1})  # type: ignore[dict-item]
+
+
 def test_tensor_filter_may_be_any_iterable_of_patterns(tmp_path):
     p = tmp_path / "m.safetensors"
     d = {n: np.arange(3, dtype=np.int32) for n in ("a", "b", "c")}

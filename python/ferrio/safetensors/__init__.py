@@ -134,8 +134,8 @@ def _shard_files(
 ) -> tuple[list[str], dict[str, str] | None]:
     """Return the files behind `path` and, for an index, which file holds which tensor."""
     if isinstance(path, list | tuple):
-        return [os.fspath(p) for p in path], None
-    p = os.fspath(path)  # type: ignore[arg-type]
+        return [os.fsdecode(os.fspath(p)) for p in path], None
+    p = os.fsdecode(os.fspath(path))  # type: ignore[arg-type]
     remote = is_remote_url(p)
     if remote and p.endswith("/"):
         raise SafetensorError(
@@ -708,6 +708,11 @@ def _prepare(
         raise ValueError(f"Expected a dict of [str, tensor] but received {type(tensors)}")
     if metadata is not None and not isinstance(metadata, Mapping):
         raise TypeError(f"metadata must be a dict of str to str, not {type(metadata).__name__}")
+    for k, v in (metadata or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(
+                f"metadata must be a dict of str to str: {k!r} -> {type(v).__name__} {v!r}"
+            )
     check_not_shared(dict(tensors))
     specs, data = [], {}
     for name, t in tensors.items():
