@@ -6,6 +6,7 @@
 //! exist (nothing is copied then), 1 when some file failed (each failure gets a line on stderr;
 //! the other files are copied), 130 after Ctrl-C, 143 after `SIGTERM` (no partial file is left).
 
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
@@ -74,16 +75,58 @@ pub(crate) struct Args {
     #[arg(long, default_value = "auto", value_parser = parse_method)]
     method: CopyMethod,
     /// Files copied at once [default: 12 within one file system, else 8; 2 per device pair when more]
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     files: Option<usize>,
     /// Bytes per pipeline window of a file, e.g. 8MiB [default: twice the task size]
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = nonzero_size)]
     window: Option<u64>,
     /// Windows in flight per file (being read or written) [default: 4]
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     windows: Option<usize>,
     #[command(flatten)]
     io: IoFlags,
+}
+
+/// `sources` with any given again (`a ./a`: the same file under the same name) left out, and a
+/// warning for each, as GNU cp gives: the second copy would only overwrite the first. Hard
+/// links under other names are kept: each has a destination of its own.
+fn distinct(sources: &[PathBuf]) -> Vec<PathBuf> {
+    let mut seen = std::collections::HashSet::new();
+    let mut kept = Vec::with_capacity(sources.len());
+    for src in sources {
+        // The file itself where it exists (a symlink as the link, as cp copies it without
+        // -L) and its name; otherwise, a URL or a missing path, the whole name.
+        let key = match std::fs::symlink_metadata(src) {
+            Ok(m) => (m.dev(), m.ino(), src.file_name().map(|n| n.to_os_string())),
+            Err(_) => (0, 0, Some(src.clone().into_os_string())),
+        };
+        if seen.insert(key) {
+            kept.push(src.clone());
+        } else {
+            eprintln!(
+                "ferrio: warning: source {} given more than once; copied once",
+                src.display()
+            );
+        }
+    }
+    kept
+}
+
+/// A count of at least 1 (`--files`, `--windows`: 0 would copy nothing, or never end).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a whole number")),
+    }
+}
+
+/// A size of at least 1 byte (`--window`).
+fn nonzero_size(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err("must be at least 1 byte".into()),
+        n => Ok(n),
+    }
 }
 
 fn parse_method(s: &str) -> Result<CopyMethod, String> {
@@ -100,6 +143,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     let Some((dest, sources)) = a.paths.split_last() else {
         return Err(UsageError("cp needs a source and a destination".into()).into());
     };
+    let sources = &distinct(sources)[..];
     let progress = CopyProgress::new();
     let mut opts = CopyOptions::new()
         .recursive(a.recursive)

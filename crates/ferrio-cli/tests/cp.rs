@@ -177,6 +177,60 @@ fn cp_usage_errors_exit_2_and_copy_nothing() {
 }
 
 #[test]
+fn zero_files_windows_or_window_bytes_are_refused() {
+    let d = tmp();
+    let f = d.path().join("f");
+    fs::write(&f, b"x").unwrap();
+    let out = d.path().join("out");
+    for (flag, needle) in [
+        ("--files", "at least 1"),
+        ("--windows", "at least 1"),
+        ("--window", "at least 1 byte"),
+    ] {
+        let o = ferrio()
+            .args(["cp", flag, "0"])
+            .arg(&f)
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{flag}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(flag) && stderr(&o).contains(needle),
+            "{}",
+            stderr(&o)
+        );
+        assert!(!out.exists());
+    }
+}
+
+#[test]
+fn a_source_given_twice_is_copied_once_and_hard_links_each() {
+    let d = tmp();
+    let a = d.path().join("a");
+    fs::write(&a, b"x").unwrap();
+    let b = d.path().join("b");
+    fs::hard_link(&a, &b).unwrap();
+    let dir = d.path().join("dir");
+    fs::create_dir(&dir).unwrap();
+    let again = d.path().join(".").join("a");
+    let o = ferrio()
+        .args(["cp", "--json"])
+        .args([&a, &again, &b, &dir])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("given more than once"),
+        "{}",
+        stderr(&o)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["files"], 2, "{v}");
+    assert_eq!(fs::read(dir.join("a")).unwrap(), b"x");
+    assert_eq!(fs::read(dir.join("b")).unwrap(), b"x");
+}
+
+#[test]
 fn cp_preserve_keeps_mode_and_mtime() {
     let d = tmp();
     let f = d.path().join("f");
