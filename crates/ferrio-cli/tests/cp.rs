@@ -505,6 +505,36 @@ fn a_sysfs_attribute_is_copied_to_its_end() {
 }
 
 #[test]
+fn a_proc_file_copied_is_written_on_the_destination_s_pool() {
+    let d = tmp();
+    let f = d.path().join("f");
+    fs::write(&f, b"x").unwrap();
+    let writer = |src: &Path, name: &str| -> serde_json::Value {
+        let o = run(&[
+            Path::new("cp"),
+            Path::new("--json"),
+            src,
+            &d.path().join(name),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let w: Vec<_> = v["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["bytes_written"].as_u64() > Some(0))
+            .map(|p| p["pool"].clone())
+            .collect();
+        assert_eq!(w.len(), 1, "{v}");
+        w[0].clone()
+    };
+    assert_eq!(
+        writer(Path::new("/proc/self/status"), "status"),
+        writer(&f, "g")
+    );
+}
+
+#[test]
 fn a_read_only_file_system_is_named_as_such_and_its_file_kept() {
     let lfs = match LoopFs::new(16) {
         Ok(l) => l,

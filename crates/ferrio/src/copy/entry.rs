@@ -121,6 +121,8 @@ impl Copier<'_> {
         // to their end.
         let to_eof = size == 0 || sys::statfs::content_is_generated(&e.src);
         let moved = if to_eof {
+            // Opened only for its pool, which the report credits with the bytes written.
+            out = Some(open_out("r+")?);
             self.copy_to_eof(&src, &handle, &e.dst)?
         } else if try_cfr && data > 0 {
             match self.copy_cfr(&src, &handle, &e.dst, &extents) {
