@@ -491,6 +491,17 @@ pub(crate) fn io_error(e: object_store::Error) -> io::Error {
             format!("access denied: {source}"),
         ),
         E::Precondition { .. } | E::NotModified { .. } => changed("the store refused the read"),
+        // A server that answers a Range GET with the whole object (`python -m http.server`).
+        E::NotSupported { source }
+            if source.to_string().contains("Range request not supported") =>
+        {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the server does not answer range requests (it sent the whole object for a \
+                 Range GET), and ferrio reads remote objects in ranges: serve it from a server \
+                 that supports them (nginx, Apache, any object store)",
+            )
+        }
         other if timed_out(&other) => io::Error::new(
             io::ErrorKind::TimedOut,
             format!("timed out ({other}; see remote_timeout)"),
