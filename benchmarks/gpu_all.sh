@@ -4,7 +4,7 @@
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
 #   bash benchmarks/gpu_all.sh [STEP...]
-#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint blocks parts policy cligpu ringsetup pcreg firstcall save remote multigpu
+#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint blocks window parts policy cligpu ringsetup pcreg firstcall save remote multigpu
 #          multickpt multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
@@ -146,6 +146,19 @@ timeout "${BLOCKS_TIMEOUT:-300}" python3 benchmarks/block_queue.py /root/ferrio-
   --shapes "${BLOCKS_SHAPES:-512+0,512+4096,4096+0}" --rounds "${BLOCKS_ROUNDS:-4}" \
   >"$LOGS/block_queue.log" 2>&1
 tail -4 "$LOGS/block_queue.log" | tee -a "$S"
+fi
+
+if want window; then
+step window-read
+# Issue 16's next experiment (RESULTS.md, Checkpoints, session 23 run 4): on the cold 8 GiB
+# checkpoint, ferrio's direct host reads in tasks of 512 KiB to 4 MiB handed out in file order
+# (16 threads: a window of requests moving through the file, as fastsafetensors reads) against
+# its defaults and fio's best shapes of that run (benchmarks/window_read.py). Beside `checkpoint`.
+python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import checkpoint_compare as c; c.make_checkpoints('/root/ferrio-ckpt', 'single')" >>"$S" 2>&1
+( cd benchmarks && timeout "${WINDOW_TIMEOUT:-300}" python3 window_read.py /root/ferrio-ckpt/single/model.safetensors \
+  --ferrio "$ROOT/.carry/bin/ferrio" --fio "$ROOT/.carry/bin/fio" --tasks "${WINDOW_TASKS:-512KiB,1MiB,4MiB}" \
+  --rounds "${WINDOW_ROUNDS:-4}" ) >"$LOGS/window_read.log" 2>&1
+grep -v "^#" "$LOGS/window_read.log" | tee -a "$S"
 fi
 
 if want parts; then
