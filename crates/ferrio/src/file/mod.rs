@@ -684,7 +684,11 @@ fn unknown_scheme_hint(path: &Path, source: std::io::Error) -> std::io::Error {
     let Some(why) = crate::remote::unsupported_url_scheme(&text) else {
         return source;
     };
-    std::io::Error::new(std::io::ErrorKind::NotFound, format!("{source}; {why}"))
+    // Without "(os error 2)", which would end the sentence before the reason (Python's OSError
+    // takes the text up to it as its strerror).
+    let text = source.to_string();
+    let what = text.split(" (os error ").next().unwrap_or(&text);
+    std::io::Error::new(std::io::ErrorKind::NotFound, format!("{what}; {why}"))
 }
 
 /// The error for a file of kind `fmt` (`S_IFMT` bits) that ferrio does not read or write, or
