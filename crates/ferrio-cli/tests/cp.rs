@@ -307,6 +307,36 @@ fn signal_mid_copy(signal: libc::c_int, code: i32) {
 }
 
 #[test]
+fn ctrl_c_during_cp_r_leaves_no_new_directory() {
+    let d = tmp();
+    let tree = d.path().join("tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    fs::write(tree.join("sub").join("big"), bytes(384 << 20, 4)).unwrap();
+    let out = d.path().join("out");
+    let mut child = ferrio()
+        .args(["cp", "-r", "--threads", "1", "--task-size", "64KiB"])
+        .args(["--method", "read-write", "--verify"])
+        .arg(&tree)
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sub = out.join("sub");
+    let t0 = Instant::now();
+    while temp_files(&sub).is_empty() && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(!temp_files(&sub).is_empty(), "the copy never started");
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    // The directories it made held only the interrupted file: none is left.
+    assert!(!out.exists(), "left {}", out.display());
+}
+
+#[test]
 fn a_rerun_removes_the_temporary_file_of_a_killed_cp() {
     let d = tmp();
     let src = d.path().join("big");

@@ -67,9 +67,19 @@ impl Copier<'_> {
 
     /// Sets directories' modes (and, with `preserve`, owners and times), children first, now
     /// that nothing more is written into them.
+    ///
+    /// After a cancel, a directory made here that is still empty is removed instead: a copy
+    /// stopped by Ctrl-C leaves no empty tree behind (one with files in it stays, finished).
     pub(super) fn finish_dirs(&self, entries: &[Entry], created: &[bool]) {
+        let cancelled = self.cancelled();
         for (i, e) in entries.iter().enumerate().rev() {
             if e.kind != Kind::Dir || !(created[i] || self.options.preserve) {
+                continue;
+            }
+            // Children come first, so a tree of empty directories goes bottom up; a directory
+            // that holds anything is not removed (`rmdir` refuses it).
+            if cancelled && created[i] && fs::remove_dir(&e.dst).is_ok() {
+                self.tally().dirs -= 1;
                 continue;
             }
             if let Err(error) = self.apply_dir_meta(e) {
