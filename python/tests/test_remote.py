@@ -527,6 +527,22 @@ def test_s3_key_with_hash_or_question_mark_must_be_percent_encoded(s3: Any) -> N
         ferrio.open("https://example.com/file#part")
 
 
+def test_s3_key_a_url_would_change_is_refused_not_rewritten(s3: Any) -> None:
+    """URL parsing resolves `..`, drops tabs and surrounding spaces, and an object path has no
+    empty segment: `s3://b/k/` read (and wrote) the object `k`. Such keys are refused."""
+    bucket = s3.ferrio_bucket
+    s3.put_object(Bucket=bucket, Key="k", Body=b"the object k")
+    for key in ["k/", "a/../k", "a/%2e%2e/k", "./k", "k ", "k\t", "k\n", "a//k"]:
+        for mode in ["r", "w"]:
+            with pytest.raises(ValueError, match="bad object URL"):
+                ferrio.open(f"s3://{bucket}/{key}", mode)
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"the object k"
+    # Percent-encoded, a space is part of the key.
+    s3.put_object(Bucket=bucket, Key="k ", Body=b"k and a space")
+    with ferrio.open(f"s3://{bucket}/k%20") as f:
+        assert in_thread(lambda: read_all(f)) == b"k and a space"
+
+
 def test_s3_anonymous_without_credentials(s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     bucket = s3.ferrio_bucket
     s3.put_object(Bucket=bucket, Key="public.bin", Body=b"hello", ACL="public-read")

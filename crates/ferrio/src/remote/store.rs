@@ -96,6 +96,9 @@ fn parse_any(url: &str, prefix: bool) -> Result<Location> {
     let bad = |why: String| Error::InvalidArgument(format!("bad object URL {url:?}: {why}"));
     let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
     let http = matches!(parsed.scheme(), "http" | "https");
+    if !http {
+        literal_key(url, prefix).map_err(|why| bad(why.into()))?;
+    }
     // A key is the URL's path alone: a `#...` (or, outside http(s), a `?...`) would be left
     // out of it silently, and `s3://b/k#1` would read or write the object `k`.
     if parsed.fragment().is_some() || (!http && parsed.query().is_some()) {
@@ -148,6 +151,51 @@ fn parse_any(url: &str, prefix: bool) -> Result<Location> {
         path,
         signed,
     })
+}
+
+/// Checks that the key written in a bucket URL (`s3://`, `gs://`, `az://`) is the key that will
+/// be read or written. A URL parser resolves `.` and `..` segments and drops tabs, newlines
+/// and surrounding spaces, and an object path has no empty segment, so `s3://b/a/../k`,
+/// `s3://b/k ` and `s3://b/k/` would all silently name the object `k`. Such keys are refused
+/// (`prefix`: a listing, whose trailing `/` is the usual way to write it, may end in one).
+fn literal_key(url: &str, prefix: bool) -> std::result::Result<(), &'static str> {
+    if url.chars().any(|c| c.is_control()) || url.trim() != url {
+        return Err(
+            "control characters, and spaces at either end, are not kept in a URL: \
+                    percent-encode them (%09, %20, ...)",
+        );
+    }
+    // The key: after `scheme://bucket/`, up to a query or fragment (refused elsewhere).
+    let Some((_, rest)) = url.split_once("://") else {
+        return Ok(());
+    };
+    let Some((_, key)) = rest.split_once('/') else {
+        return Ok(());
+    };
+    let key = key.split(['?', '#']).next().unwrap_or(key);
+    let segments: Vec<&str> = key.split('/').collect();
+    let dot = |s: &&str| {
+        let s = s.to_ascii_lowercase().replace("%2e", ".");
+        s == "." || s == ".."
+    };
+    if segments.iter().any(dot) {
+        return Err(
+            "'.' and '..' segments of a key would be resolved away by URL parsing: \
+                    ferrio opens keys as written, so it cannot name this one",
+        );
+    }
+    let last = segments.len() - 1;
+    let empty = segments
+        .iter()
+        .enumerate()
+        .any(|(i, s)| s.is_empty() && !(prefix && i == last) && !(i == 0 && key.is_empty()));
+    if empty {
+        return Err(
+            "a key with an empty segment ('a//b', or ending in '/') cannot be named \
+                    exactly through object_store: ferrio would open another key",
+        );
+    }
+    Ok(())
 }
 
 /// Retries of one request: object_store backs off with jitter on 429, 5xx and dropped
@@ -696,13 +744,40 @@ mod tests {
             "s3://bucket/k?versionId=1",
             "gs://bucket/dir/?x",
             "https://host/k#1",
+            // Keys a URL parser or an object path would change into another key.
+            "s3://bucket/k/",
+            "s3://bucket/a/../k",
+            "s3://bucket/a/%2E%2E/k",
+            "s3://bucket/./k",
+            "s3://bucket/a//k",
+            "s3://bucket/k ",
+            "s3://bucket/ta\tb",
+            "s3://bucket/k\n",
+            "gs://bucket/k\0",
+            "az://container/k/",
         ] {
             match parse(url) {
-                Err(Error::InvalidArgument(msg)) => assert!(msg.contains(url), "{msg}"),
-                other => panic!("{url}: {other:?}"),
+                Err(Error::InvalidArgument(msg)) => {
+                    assert!(msg.contains(&format!("{url:?}")), "{msg}")
+                }
+                other => panic!("{url:?}: {other:?}"),
             }
         }
         assert!(!is_remote_url("/tmp/x"));
         assert!(!is_remote_url("relative/s3://x"));
+        // Keys kept as written: encoded spaces and dots, dots inside a segment; a listing's
+        // trailing '/'; an http(s) URL's path, which a server resolves as URLs do.
+        for url in [
+            "s3://b/a%20b",
+            "s3://b/a%2Fb",
+            "s3://b/.hidden",
+            "s3://b/v1..2",
+            "s3://b/k...",
+        ] {
+            assert!(parse(url).is_ok(), "{url}");
+        }
+        assert!(parse_prefix("s3://b/dir/").is_ok());
+        assert!(parse_prefix("s3://b/").is_ok());
+        assert!(parse("https://host/a/../k").is_ok());
     }
 }
