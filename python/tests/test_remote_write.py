@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -343,6 +344,44 @@ def test_a_forked_child_cannot_touch_the_parents_upload(s3: Any) -> None:
     w.write(data[PART + 3 :])
     in_thread(w.close)
     assert _get(s3, "forked.bin") == data
+
+
+_CONCURRENT_WRITES = r"""
+import os, socket, sys, threading
+from moto.server import ThreadedMotoServer
+import boto3, ferrio
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False); server.start()
+os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ALLOW_HTTP="true",
+                  AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                  AWS_REGION="us-east-1")
+s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
+s3.create_bucket(Bucket="ferrio-conc")
+ferrio.config.set(remote_concurrency=1)
+w = ferrio.open("s3://ferrio-conc/k", "w")
+chunks = [bytes([i]) * (24 << 20) for i in range(3)]
+threads = [threading.Thread(target=w.write, args=(c,)) for c in chunks]
+for t in threads: t.start()
+for t in threads: t.join()
+w.close()
+print(s3.head_object(Bucket="ferrio-conc", Key="k")["ContentLength"])
+server.stop()
+"""
+
+
+def test_writes_from_several_threads_do_not_hold_the_gil_while_they_wait() -> None:
+    """Two threads writing one upload at once: the second waited for the first with the GIL
+    held, so a store served from the same process (moto, here) could never answer and every
+    Python thread stopped. Run in a child process, so that a regression is a timeout here."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    pytest.importorskip("boto3")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FERRIO_"))}
+    out = subprocess.run(
+        [sys.executable, "-c", _CONCURRENT_WRITES],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == str(3 * (24 << 20))
 
 
 def test_explicit_abort_and_use_after_close(s3: Any) -> None:

@@ -5,7 +5,7 @@
 //! Arguments are validated before any I/O; blocking happens only through [`crate::gil`]. The
 //! object's size and version are fixed at open (see `ferrio::remote`).
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -310,6 +310,20 @@ impl RemoteWriter {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// [`RemoteWriter::lock`] from a thread that holds the GIL: where another thread's call
+    /// holds the writer (waiting on the store, with the GIL released), this one waits without
+    /// the GIL. Waiting with it would stop every Python thread, and a store served from this
+    /// process (a test's moto) could never answer the call being waited for.
+    fn lock_py(&self, py: Python<'_>) -> MutexGuard<'_, Option<ferrio::RemoteWriter>> {
+        loop {
+            match self.inner.try_lock() {
+                Ok(guard) => return guard,
+                Err(TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(TryLockError::WouldBlock) => py.detach(|| drop(self.lock())),
+            }
+        }
+    }
+
     /// Runs `f` on the writer with the GIL released; `ValueError` once closed. The call runs on
     /// a helper thread while this one keeps looking at Python's signals: a Ctrl-C while a
     /// `write()` waits for parts in flight (or `close()` for the last ones) cancels the upload,
@@ -342,7 +356,7 @@ impl RemoteWriter {
             .map_err(to_pyerr);
         }
         let canceller = self
-            .lock()
+            .lock_py(py)
             .as_ref()
             .map(|w| w.canceller())
             .ok_or_else(closed_file)?;
@@ -433,7 +447,7 @@ impl RemoteWriter {
         let (ptr, len) = (SendConst(host.ptr()), host.len());
         let view = host.into_view();
         // Only a write that fills a part waits on the store (for room among the parts in flight).
-        let may_block = self.lock().as_ref().is_none_or(|w| w.fills_part(len));
+        let may_block = self.lock_py(py).as_ref().is_none_or(|w| w.fills_part(len));
         let n = self.run_writer(py, may_block, move |w| {
             let ptr = ptr;
             // SAFETY: `ptr..ptr+len` lies in the C-contiguous export checked by
@@ -449,28 +463,28 @@ impl RemoteWriter {
     /// Completes the object (waits for every part); the object exists once this returns.
     /// Closing twice does nothing. On an error the upload is aborted and the error raised.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        if self.lock().as_ref().is_none_or(|w| w.is_closed()) {
+        if self.lock_py(py).as_ref().is_none_or(|w| w.is_closed()) {
             return Ok(());
         }
         let done = self.with_writer(py, |w| w.close().map(|_| ()));
-        self.lock().take();
+        self.lock_py(py).take();
         done
     }
 
     /// Abandons the object: parts in flight are dropped and the upload is aborted, so nothing is
     /// created. Does nothing after `close()`.
     fn abort(&self, py: Python<'_>) -> PyResult<()> {
-        if self.lock().is_none() {
+        if self.lock_py(py).is_none() {
             return Ok(());
         }
         let done = self.with_writer(py, |w| w.abort());
-        self.lock().take();
+        self.lock_py(py).take();
         done
     }
 
     /// Bytes written so far.
-    fn tell(&self) -> PyResult<u64> {
-        self.lock()
+    fn tell(&self, py: Python<'_>) -> PyResult<u64> {
+        self.lock_py(py)
             .as_ref()
             .map(|w| w.written())
             .ok_or_else(closed_file)
@@ -478,8 +492,8 @@ impl RemoteWriter {
 
     /// Whether the writer was closed or aborted.
     #[getter]
-    fn closed(&self) -> bool {
-        self.lock().is_none()
+    fn closed(&self, py: Python<'_>) -> bool {
+        self.lock_py(py).is_none()
     }
 
     /// The URL written to.
@@ -522,11 +536,11 @@ impl RemoteWriter {
         Ok(false)
     }
 
-    fn __repr__(&self) -> String {
+    fn __repr__(&self, py: Python<'_>) -> String {
         format!(
             "<ferrio.RemoteWriter url={:?}{}>",
             self.url,
-            if self.closed() { " closed" } else { "" }
+            if self.closed(py) { " closed" } else { "" }
         )
     }
 }
