@@ -98,6 +98,18 @@ fn parse_any(url: &str, prefix: bool) -> Result<Location> {
     let http = matches!(parsed.scheme(), "http" | "https");
     if !http {
         literal_key(url, prefix).map_err(|why| bad(why.into()))?;
+        // `s3://user:secret@bucket/k` or `s3://bucket:99/k` would be read with neither (an
+        // `abfs://` URL names its file system as the user part).
+        let bucket_url = matches!(parsed.scheme(), "s3" | "s3a" | "gs" | "az");
+        let extra =
+            !parsed.username().is_empty() || parsed.password().is_some() || parsed.port().is_some();
+        if bucket_url && extra {
+            return Err(bad(
+                "a bucket URL takes no user, password or port: credentials and endpoints come \
+                 from the store's variables (AWS_*, GOOGLE_*, AZURE_*)"
+                    .into(),
+            ));
+        }
     }
     // A key is the URL's path alone: a `#...` (or, outside http(s), a `?...`) would be left
     // out of it silently, and `s3://b/k#1` would read or write the object `k`.
@@ -755,6 +767,8 @@ mod tests {
             "s3://bucket/k\n",
             "gs://bucket/k\0",
             "az://container/k/",
+            "s3://user:secret@bucket/k",
+            "s3://bucket:99/k",
         ] {
             match parse(url) {
                 Err(Error::InvalidArgument(msg)) => {
