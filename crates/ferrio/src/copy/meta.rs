@@ -75,8 +75,14 @@ impl Copier<'_> {
             }
         };
         // Replacing a file without -p keeps that file's mode and owner, as cp (which writes into
-        // it) does.
-        let existing = existing.filter(|m| m.is_file() && !self.options.preserve);
+        // it) does; through a symlink, the mode and owner of the file it names (replaced below).
+        let followed = existing
+            .filter(|m| m.file_type().is_symlink())
+            .and_then(|_| fs::metadata(&e.dst).ok());
+        let existing = followed
+            .as_ref()
+            .or(existing)
+            .filter(|m| m.is_file() && !self.options.preserve);
         let (mut mode, owner) = match existing {
             Some(m) => (m.mode() & 0o7777, Some((m.uid(), m.gid()))),
             None if self.options.preserve => {

@@ -240,12 +240,18 @@ fn a_symlink_destination_is_written_through_and_a_dangling_one_refused() {
     let d = disk_dir();
     let src = make_file(d.path(), "src", &data(100_000, 9));
     let target = make_file(d.path(), "target", &data(5000, 10));
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o751)).unwrap();
     let link = d.path().join("link");
     std::os::unix::fs::symlink("target", &link).unwrap();
     copy([&src], &link, &CopyOptions::new())
         .unwrap()
         .check()
         .unwrap();
+    // The file replaced keeps its mode, as when it is named directly (and as cp does).
+    assert_eq!(
+        fs::metadata(&target).unwrap().permissions().mode() & 0o7777,
+        0o751
+    );
     assert!(
         fs::symlink_metadata(&link)
             .unwrap()
