@@ -37,7 +37,7 @@ pub(super) fn plan_roots(sources: &[PathBuf], dest: &Path, o: &CopyOptions) -> R
         )));
     }
     let trailing_slash = dest.as_os_str().as_bytes().ends_with(b"/");
-    let mut roots = Vec::with_capacity(sources.len());
+    let mut roots: Vec<Root> = Vec::with_capacity(sources.len());
     for src in sources {
         let follow = o.follow_symlinks || !o.recursive;
         let meta = if follow {
@@ -84,6 +84,21 @@ pub(super) fn plan_roots(sources: &[PathBuf], dest: &Path, o: &CopyOptions) -> R
                 "{} is not a directory",
                 dest.display()
             )));
+        }
+        // Two files named alike (`s1/n s2/n` into `out`): the second would replace the first's
+        // copy. The same file given twice is copied once.
+        if !meta.is_dir() {
+            if let Some(earlier) = roots.iter().find(|r| r.dst == dst && !r.meta.is_dir()) {
+                if (earlier.meta.dev(), earlier.meta.ino()) == (meta.dev(), meta.ino()) {
+                    continue;
+                }
+                return Err(Error::InvalidArgument(format!(
+                    "{} and {} would both be copied to {}",
+                    earlier.src.display(),
+                    src.display(),
+                    dst.display()
+                )));
+            }
         }
         roots.push(Root {
             src: src.clone(),

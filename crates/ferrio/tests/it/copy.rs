@@ -668,3 +668,25 @@ fn many_files_on_many_threads_are_all_compared() {
     assert_same_tree(&src, &dst);
     assert_no_temp_files(&dst);
 }
+
+#[test]
+fn two_files_named_alike_into_one_directory_are_refused_before_copying() {
+    let d = disk_dir();
+    fs::create_dir_all(d.path().join("s1")).unwrap();
+    fs::create_dir_all(d.path().join("s2")).unwrap();
+    let a = make_file(&d.path().join("s1"), "n", &data(10, 1));
+    let b = make_file(&d.path().join("s2"), "n", &data(20, 2));
+    let out = d.path().join("out");
+    fs::create_dir(&out).unwrap();
+    let e = copy([&a, &b], &out, &CopyOptions::new()).unwrap_err();
+    assert!(e.to_string().contains("would both be copied to"), "{e}");
+    assert!(
+        !out.join("n").exists(),
+        "refused before anything was copied"
+    );
+    // The same file given twice is copied once.
+    let rep = copy([&a, &a], &out, &CopyOptions::new()).unwrap();
+    rep.check().unwrap();
+    assert_eq!(rep.files, 1);
+    assert_eq!(fs::read(out.join("n")).unwrap(), data(10, 1));
+}
