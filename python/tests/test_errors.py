@@ -346,3 +346,17 @@ def test_bytes_and_pathlike_bytes_paths(small_file: Path, tmp_path: Path) -> Non
     assert (tmp_path / "copy.bin").read_bytes() == small_file.read_bytes()
     with pytest.raises(TypeError):
         ferrio.open(12.5)  # type: ignore[arg-type]
+
+
+def test_a_closed_file_cannot_be_entered_again(tmp_path: Path) -> None:
+    """As Python's own files: `with f:` on a closed file raises instead of handing it out."""
+    p = tmp_path / "f"
+    p.write_bytes(b"x")
+    f = ferrio.open(p)
+    f.close()
+    with pytest.raises(ValueError, match="closed file"), f:
+        pass
+    with open(p, "rb") as plain:
+        pass
+    with pytest.raises(ValueError, match="closed file"), plain:
+        pass

@@ -329,8 +329,12 @@ impl File {
         without_gil(py, || file.len())?.map_err(to_pyerr)
     }
 
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
+    /// Returns the file itself; a closed file is refused, as Python's own files refuse it.
+    fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        if slf.get().closed() {
+            return Err(closed_file());
+        }
+        Ok(slf)
     }
 
     #[pyo3(signature = (*_exc))]

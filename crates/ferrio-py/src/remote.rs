@@ -271,8 +271,12 @@ impl RemoteFile {
         Ok(self.handle()?.e_tag().map(str::to_string))
     }
 
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
+    /// Returns the object itself; a closed one is refused, as Python's own files refuse it.
+    fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        if slf.get().closed() {
+            return Err(closed_file());
+        }
+        Ok(slf)
     }
 
     #[pyo3(signature = (*_exc))]
@@ -514,8 +518,12 @@ impl RemoteWriter {
         "w"
     }
 
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
+    /// Returns the writer itself; a closed one is refused, as Python's own files refuse it.
+    fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        if slf.get().closed(slf.py()) {
+            return Err(closed_file());
+        }
+        Ok(slf)
     }
 
     /// Completes the object on a normal exit; aborts it when the block raised (including
