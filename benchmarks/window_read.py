@@ -1,12 +1,13 @@
 """Cold reads of one file in the shapes that issue 16's disks tell apart (benchmarks/RESULTS.md,
 Checkpoints, session 23 run 4): `ferrio read --cache bypass` with tasks of several sizes (tasks go
 to the pool's threads in file order, so 16 threads of 512 KiB tasks keep 16 requests in flight
-inside an 8 MiB window, as fastsafetensors does), ferrio's defaults, and fio's best shapes of that
-run. Alternates them, dropping the page cache before each (root), and prints GiB/s and what the
-disk saw, per read and as medians.
+inside an 8 MiB window, as fastsafetensors does), ferrio's defaults with fill tasks of several
+sizes (`fill_task_size`, `fill_in_flight`), and fio's best shapes of that run. Alternates them,
+dropping the page cache before each (root), and prints GiB/s and what the disk saw, per read
+and as medians.
 
     sudo python3 benchmarks/window_read.py FILE --ferrio target/release/ferrio --fio fio \\
-        --tasks 512KiB,1MiB,4MiB --rounds 4
+        --tasks 512KiB,512KiB/32,4MiB,fill:2MiB/16 --rounds 4
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from checkpoint_compare import FIO_SHAPES, disk_counters, disk_shape, drop_cache
 FIO_BEST = ["fio O_DIRECT bs 512 KiB, 16 jobs interleaved", "fio O_DIRECT bs 16 MiB iodepth 16"]
 
 
-def ferrio_read(ferrio: str, path: str, args: list[str]) -> dict:
-    out = subprocess.run([ferrio, "read", "--json", *args, path], capture_output=True, text=True)
+def ferrio_read(ferrio: str, path: str, args: list[str], env: dict[str, str]) -> dict:
+    out = subprocess.run([ferrio, "read", "--json", *args, path], capture_output=True, text=True,
+                         env={**os.environ, **env})  # fmt: skip
     if out.returncode != 0:
         return {"error": out.stderr.strip()}
     return {"gib_per_s": json.loads(out.stdout)["gib_per_s"]}
@@ -34,27 +36,39 @@ def main() -> None:
     ap.add_argument("file")
     ap.add_argument("--ferrio", default="ferrio")
     ap.add_argument("--fio", help="a fio binary: adds fio's best shapes of session 23")
-    ap.add_argument("--tasks", default="512KiB,1MiB,4MiB", help="task sizes for --cache bypass")
+    ap.add_argument("--tasks", default="512KiB,1MiB,4MiB",
+                    help="task sizes for --cache bypass, each SIZE or SIZE/THREADS")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=4)
     a = ap.parse_args()
-    shapes: list[tuple[str, list[str] | None]] = [("ferrio read, defaults", [])]
-    shapes += [(f"ferrio read --cache bypass --task-size {t}", ["--cache", "bypass",
-               "--task-size", t]) for t in a.tasks.split(",")]  # fmt: skip
+    # (name, ferrio read's arguments and environment, or None for a fio shape)
+    Shape = tuple[str, tuple[list[str], dict[str, str]] | None]
+    shapes: list[Shape] = [("ferrio read, defaults", ([], {}))]
+    for spec in a.tasks.split(","):
+        fill = spec.startswith("fill:")
+        size, _, count = spec.removeprefix("fill:").partition("/")
+        if fill:
+            env = {"FERRIO_FILL_TASK_SIZE": size, "FERRIO_FILL_IN_FLIGHT": count or "4"}
+            shapes.append((f"ferrio read, fill tasks of {size}, {env['FERRIO_FILL_IN_FLIGHT']} "
+                           "in flight", ([], env)))  # fmt: skip
+            continue
+        args = ["--cache", "bypass", "--task-size", size]
+        args += ["--threads", count] if count else []
+        shapes.append((f"ferrio read {' '.join(args)}", (args, {})))
     if a.fio:
         shapes += [(name, None) for name in FIO_BEST if name in FIO_SHAPES]
     rows: dict[str, list[dict]] = {name: [] for name, _ in shapes}
     size_gib = os.path.getsize(a.file) / (1 << 30)
     for r in range(a.rounds):
         order = shapes[r % len(shapes) :] + shapes[: r % len(shapes)]
-        for name, args in order:
+        for name, how in order:
             if not drop_caches():
                 raise SystemExit("cannot drop the page cache: run as root")
             before = disk_counters(a.file)
-            if args is None:
+            if how is None:
                 got = run_fio(a.fio, name, [a.file])
                 got = {"gib_per_s": size_gib / got["seconds"]} if "seconds" in got else got
             else:
-                got = ferrio_read(a.ferrio, a.file, args)
+                got = ferrio_read(a.ferrio, a.file, *how)
             got["disk"] = disk_shape(before, disk_counters(a.file))
             rows[name].append(got)
             print(f"# round {r + 1}: {name}: {got}", flush=True)

@@ -139,7 +139,8 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
     let writes = probe.describe_write(size);
     let measured = probe.measured_writes();
     let fill = file.fill_reads();
-    let in_flight = settings.fill_in_flight;
+    let shape = ferrio::policy::FillShape::from_settings(&settings);
+    let in_flight = shape.in_flight;
     if json {
         let disks: Vec<Value> = chain
             .disks()
@@ -174,7 +175,7 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
             "cache": {"asked": decision.asked.as_str(), "resolved": decision.resolved.as_str(),
                       "reason": decision.reason, "keeps": decision.keeps(),
                       "fill": fill.map(|r| json!({"reads": r.as_str(), "in_flight": in_flight,
-                                                 "task_bytes": ferrio::policy::FILL_TASK_BYTES}))},
+                                                 "task_bytes": shape.task_bytes}))},
             "writes": {"direct": writes.direct, "reason": writes.reason,
                        "keep_limit": decision.write_keep_limit,
                        "measured": measured.map(|m| json!({"buffered_bytes_per_s": m.buffered, "direct_bytes_per_s": m.direct}))},
@@ -223,7 +224,7 @@ fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
         out(&format!(
             "fill:        cold reads of {} or more: {in_flight} tasks of {0} at a time, {how} \
              (fill_reads={}{fallback})",
-            ferrio::config::format_size(ferrio::policy::FILL_TASK_BYTES),
+            ferrio::config::format_size(shape.task_bytes),
             settings.fill_reads
         ))?;
     }

@@ -170,9 +170,12 @@ pub struct Settings {
     /// Bytes per pinned bounce buffer for GPU transfers, and per pinned piece of a remote read
     /// into GPU memory; 0 (the default): by host, see [`Settings::bounce_buffer_bytes`].
     pub bounce_buffer_size: u64,
-    /// Tasks in flight per request when a cold read fills the page cache (the fill shape's
-    /// large tasks, see `cache`).
+    /// Tasks in flight per request when a cold read fills the page cache (see `cache` and
+    /// `fill_task_size`).
     pub fill_in_flight: usize,
+    /// Bytes per task when a cold read fills the page cache; shorter cold reads are planned
+    /// as usual.
+    pub fill_task_size: u64,
     /// How those tasks read: through the kernel's readahead or block by block.
     pub fill_reads: FillReads,
     /// Pinned bounce buffers per worker (the ring's depth).
@@ -221,6 +224,7 @@ impl Default for Settings {
             bounce_buffer_size: 0,
             bounce_buffers: 0,
             fill_in_flight: 0,
+            fill_task_size: 0,
             fill_reads: FillReads::Auto,
             pinned_limit: 0,
             pinned_memory: PinnedMemory::Driver,
@@ -359,11 +363,24 @@ pub const SETTINGS: &[SettingInfo] = &[
         env: "FERRIO_FILL_IN_FLIGHT",
         unit: "tasks",
         default: "4",
-        doc: "64 MiB tasks in flight per request when a cold read fills the page cache \
+        doc: "tasks in flight per request when a cold read fills the page cache \
               (under fill_reads=populate, the reads in flight on the disk)",
         get: |s| s.fill_in_flight.to_string(),
         set: |s, v| {
             s.fill_in_flight = count(v, 1, "at least 1 task")?;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "fill_task_size",
+        env: "FERRIO_FILL_TASK_SIZE",
+        unit: "bytes",
+        default: "64 MiB",
+        doc: "bytes per task when a cold read fills the page cache, each read front to back; \
+              a shorter cold read is planned as usual",
+        get: |s| s.fill_task_size.to_string(),
+        set: |s, v| {
+            s.fill_task_size = size(v, 4096, "a size of at least 4 KiB")?;
             Ok(())
         },
     },

@@ -248,23 +248,32 @@ pub(crate) fn read_path(
     }
 }
 
-/// How a cold read that fills the page cache is scheduled: few, large, sequential requests.
+/// How a cold read that fills the page cache is scheduled: few, large, sequential tasks.
+///
+/// Tasks of such a read are read front to back, so that the page cache ends up holding large
+/// folios: under `fill_reads=populate` each task reads 2 MiB blocks one after the other into
+/// huge folios; under `readahead` the kernel's readahead ramps up within each task. (Many small
+/// buffered reads at scattered offsets of one file defeat readahead: the page cache then holds
+/// 4 KiB pages, and the next read of the file copies out of it at half speed.) Their size is the
+/// `fill_task_size` setting and how many run at once `fill_in_flight` (measured: see
+/// benchmarks/RESULTS.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FillShape {
+pub struct FillShape {
     /// Bytes per task.
-    pub(crate) task_bytes: u64,
+    pub task_bytes: u64,
     /// Tasks of the request in flight at once.
-    pub(crate) in_flight: usize,
+    pub in_flight: usize,
 }
 
-/// Tasks of a cold read that fills the page cache: few and large, each read front to back, so
-/// that the page cache ends up holding large folios. Under `fill_reads=populate` each task reads
-/// 2 MiB blocks one after the other into huge folios; under `readahead` the kernel's readahead
-/// ramps up within each task. (Many small buffered reads at scattered offsets of one file defeat
-/// readahead: the page cache then holds 4 KiB pages, and the next read of the file copies out of
-/// it at half speed.) How many such tasks run at once is the `fill_in_flight` setting
-/// (measured: see benchmarks/RESULTS.md).
-pub const FILL_TASK_BYTES: u64 = 64 << 20;
+impl FillShape {
+    /// The shape `settings` ask for (`fill_task_size`, `fill_in_flight`).
+    pub fn from_settings(settings: &crate::config::Settings) -> FillShape {
+        FillShape {
+            task_bytes: settings.fill_task_size.max(1),
+            in_flight: settings.fill_in_flight.max(1),
+        }
+    }
+}
 
 /// The way `fill_reads` (`asked`) fills the page cache: `auto` resolved (to `populate`), the
 /// others as they are. A file the kernel cannot map for `populate` still fills through
@@ -283,19 +292,19 @@ pub fn fill_reads_here(asked: FillReads) -> FillReads {
     }
 }
 
-/// The shape of a read of `[offset, offset+len)` when it fills the page cache: a kept file
-/// (not forced to `O_DIRECT`) whose range is mostly cold and at least one fill task long.
-/// `None`: plan the read as usual (many tasks in parallel: hot data is a memory copy and scales
-/// with threads).
+/// The shape of a read of `[offset, offset+len)` when it fills the page cache: `wanted` (see
+/// [`FillShape::from_settings`]) for a kept file (not forced to `O_DIRECT`) whose range is
+/// mostly cold and at least one fill task long. `None`: plan the read as usual (many tasks in
+/// parallel: hot data is a memory copy and scales with threads).
 pub(crate) fn fill_shape(
     direct_mode: DirectMode,
     decision: &CacheDecision,
     fd: BorrowedFd<'_>,
     offset: u64,
     len: u64,
-    in_flight: usize,
+    wanted: FillShape,
 ) -> Option<FillShape> {
-    if !decision.keeps() || direct_mode == DirectMode::On || len < FILL_TASK_BYTES {
+    if !decision.keeps() || direct_mode == DirectMode::On || len < wanted.task_bytes {
         return None;
     }
     // Mostly cold counts: reading a checkpoint's header brings the first pages of its data
@@ -304,10 +313,7 @@ pub(crate) fn fill_shape(
         coldness(fd, offset, len),
         Coldness::Cold | Coldness::MostlyCold
     )
-    .then_some(FillShape {
-        task_bytes: FILL_TASK_BYTES,
-        in_flight: in_flight.max(1),
-    })
+    .then_some(wanted)
 }
 
 /// Whether cold ranges of a file are read buffered and then dropped ([`ReadPath::BufferedThenDrop`]),
@@ -557,30 +563,30 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         let mut f = std::fs::File::create(&path).unwrap();
-        f.write_all(&vec![7u8; (FILL_TASK_BYTES * 2) as usize])
+        let shape = FillShape {
+            task_bytes: 64 << 20,
+            in_flight: 3,
+        };
+        f.write_all(&vec![7u8; (shape.task_bytes * 2) as usize])
             .unwrap();
         f.sync_all().unwrap();
         let fd = f.as_fd();
-        let len = FILL_TASK_BYTES * 2;
+        let len = shape.task_bytes * 2;
         let keep = decide(CacheMode::Keep, len, None);
         let bypass = decide(CacheMode::Bypass, len, None);
         // Written and synced, the pages are cached: a hot read is planned as usual.
-        assert_eq!(fill_shape(DirectMode::Auto, &keep, fd, 0, len, 3), None);
+        assert_eq!(fill_shape(DirectMode::Auto, &keep, fd, 0, len, shape), None);
         crate::sys::fadvise_dontneed(fd, 0, 0).unwrap();
         if direct::probe(fd, 0, len) != Probe::Cold {
             eprintln!("skipped: this file system keeps the pages after POSIX_FADV_DONTNEED");
             return;
         }
-        let shape = FillShape {
-            task_bytes: FILL_TASK_BYTES,
-            in_flight: 3,
-        };
         assert_eq!(
-            fill_shape(DirectMode::Auto, &keep, fd, 0, len, 3),
+            fill_shape(DirectMode::Auto, &keep, fd, 0, len, shape),
             Some(shape)
         );
         assert_eq!(
-            fill_shape(DirectMode::Off, &keep, fd, 0, len, 3),
+            fill_shape(DirectMode::Off, &keep, fd, 0, len, shape),
             Some(shape)
         );
         // A range whose first pages are cached (a header read just before it) is still filled.
@@ -593,13 +599,28 @@ mod tests {
         .unwrap();
         assert_ne!(direct::probe(fd, 0, len), Probe::Cold);
         assert_eq!(
-            fill_shape(DirectMode::Auto, &keep, fd, 0, len, 3),
+            fill_shape(DirectMode::Auto, &keep, fd, 0, len, shape),
             Some(shape)
         );
         // Not for a file that bypasses, a forced O_DIRECT, or a read shorter than one task.
-        assert_eq!(fill_shape(DirectMode::Auto, &bypass, fd, 0, len, 3), None);
-        assert_eq!(fill_shape(DirectMode::On, &keep, fd, 0, len, 3), None);
-        assert_eq!(fill_shape(DirectMode::Auto, &keep, fd, 0, 1 << 20, 3), None);
+        assert_eq!(
+            fill_shape(DirectMode::Auto, &bypass, fd, 0, len, shape),
+            None
+        );
+        assert_eq!(fill_shape(DirectMode::On, &keep, fd, 0, len, shape), None);
+        assert_eq!(
+            fill_shape(DirectMode::Auto, &keep, fd, 0, 1 << 20, shape),
+            None
+        );
+        // Smaller fill tasks fill shorter reads.
+        let small = FillShape {
+            task_bytes: 1 << 20,
+            in_flight: 16,
+        };
+        assert_eq!(
+            fill_shape(DirectMode::Auto, &keep, fd, 0, 1 << 20, small),
+            Some(small)
+        );
     }
 
     #[test]

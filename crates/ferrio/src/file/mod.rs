@@ -539,7 +539,7 @@ impl File {
             self.fd(),
             offset,
             len as u64,
-            self.inner.settings.fill_in_flight,
+            policy::FillShape::from_settings(&self.inner.settings),
         )
     }
 

@@ -84,7 +84,7 @@ impl File {
     }
 
     /// How a cold read of this file that fills the page cache would read (one of at least
-    /// [`policy::FILL_TASK_BYTES`]): `None` where none does (the file bypasses the cache, or
+    /// `fill_task_size`): `None` where none does (the file bypasses the cache, or
     /// `direct_read=on`); never `Auto`, which is `Populate` or `Readahead` by then; `Readahead`
     /// under `fill_reads=populate` where the kernel cannot map the file for it (another file
     /// system than a local one, say).
