@@ -154,11 +154,12 @@ step window-read
 # checkpoint, ferrio's direct host reads in tasks of 512 KiB to 4 MiB handed out in file order
 # (16 threads: a window of requests moving through the file, as fastsafetensors reads), and its
 # defaults with fill tasks of 2-8 MiB (the same window, filling the page cache) against its
-# defaults and fio's best shapes of that run (benchmarks/window_read.py). Beside `checkpoint`.
+# defaults and fio's best shapes of that run (benchmarks/window_read.py; WINDOW_ARGS for more of
+# its options, e.g. "--nomerges --fio-shapes 7,8"). Beside `checkpoint`.
 python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import checkpoint_compare as c; c.make_checkpoints('/root/ferrio-ckpt', 'single')" >>"$S" 2>&1
 ( cd benchmarks && timeout "${WINDOW_TIMEOUT:-300}" python3 window_read.py /root/ferrio-ckpt/single/model.safetensors \
   --ferrio "$ROOT/.carry/bin/ferrio" --fio "$ROOT/.carry/bin/fio" --tasks "${WINDOW_TASKS:-512KiB,512KiB/32,4MiB,fill:2MiB/16,fill:2MiB/8,fill:8MiB/16}" \
-  --rounds "${WINDOW_ROUNDS:-4}" ) >"$LOGS/window_read.log" 2>&1
+  --rounds "${WINDOW_ROUNDS:-4}" ${WINDOW_ARGS:-} ) >"$LOGS/window_read.log" 2>&1
 grep -v "^#" "$LOGS/window_read.log" | tee -a "$S"
 fi
 
