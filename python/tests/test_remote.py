@@ -2,14 +2,16 @@
 
 moto's S3 server (skipped without moto) for the S3 store, credentials and version checks; a
 small HTTP server of our own for the failure modes a real network has: a server that ignores
-Range, answers 503 before it succeeds, drops the connection mid-body, stalls mid-body (once, or
-for good), answers a range with another one, or replaces the object between requests. Every
-case ends in the right bytes or a clear error, within a time bound.
+Range (read whole, one GET per read; Python's own `http.server` too), answers 503 before it
+succeeds, drops the connection mid-body, stalls mid-body (once, or for good), answers a range
+with another one, or replaces the object between requests. Every case ends in the right bytes
+or a clear error, within a time bound.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import http.server
 import json
@@ -20,12 +22,15 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import BOUND_S, in_thread, read_all, remote_data
 
 import ferrio
+from ferrio.safetensors.numpy import load_file, save_file
 
 # ---------------------------------------------------------------------------------------------
 # A misbehaving HTTP server
@@ -184,14 +189,54 @@ def test_http_ranges_are_byte_identical(http_object: tuple[str, _Object]) -> Non
         f.read(bytearray(1))
 
 
-def test_http_server_ignoring_range_is_a_clear_error(http_object: tuple[str, _Object]) -> None:
+def test_http_server_ignoring_range_is_read_whole_one_get_per_read(
+    http_object: tuple[str, _Object],
+) -> None:
     url, obj = http_object
     obj.ignore_range = True
-    f = ferrio.open_url(url, range_size="1MiB")
-    with pytest.raises(OSError, match=r"object\.bin") as e:
-        in_thread(lambda: read_all(f))
-    # Says what is wrong with the server, and what would do.
-    assert "does not answer range requests" in str(e.value)
+    with ferrio.open_url(url, range_size="1MiB") as f:
+        opened = obj.gets
+        assert in_thread(lambda: read_all(f)) == obj.body
+        buf = bytearray(3 << 20)
+        assert f.read(buf, offset=12345) == len(buf)
+        assert bytes(buf) == obj.body[12345 : 12345 + len(buf)]
+        # Each read was one GET of the whole object, not one per range.
+        assert obj.gets - opened == 2
+
+
+def test_python_http_server_serves_reads_copies_and_checkpoints(tmp_path: Path) -> None:
+    """`python -m http.server` ignores Range: ferrio reads from it all the same."""
+    served = tmp_path / "served"
+    served.mkdir()
+    body = remote_data((3 << 20) + 5, seed=7)
+    (served / "blob.bin").write_bytes(body)
+    tensors = {"w": np.arange(1000, dtype=np.float32), "b": np.ones((3, 4), dtype=np.int16)}
+    save_file(tensors, str(served / "model.safetensors"))
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with ferrio.open(f"{base}/blob.bin") as f:
+            assert f.size == len(body)
+            assert in_thread(lambda: read_all(f)) == body
+            buf = bytearray(1 << 20)
+            assert f.read(buf, offset=len(body) - 100) == 100
+            assert bytes(buf[:100]) == body[-100:]
+        in_thread(lambda: ferrio.copy(f"{base}/blob.bin", tmp_path / "copy.bin"))
+        assert (tmp_path / "copy.bin").read_bytes() == body
+        loaded = in_thread(lambda: load_file(f"{base}/model.safetensors"))
+        assert loaded.keys() == tensors.keys()
+        for name, t in tensors.items():
+            np.testing.assert_array_equal(loaded[name], t)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_http_503_twice_then_success_is_retried(http_object: tuple[str, _Object]) -> None:

@@ -10,8 +10,14 @@
 //! fails within about that time rather than a multiple of it. The range is a [`Share`] of its
 //! read, whose end another GET may take over while the body arrives (`share.rs`): the GET then
 //! lands the bytes before that end and drops the rest of its body.
+//!
+//! A web server that ignores `Range` (`python -m http.server`) answers a ranged GET with the
+//! whole object, which object_store refuses: the object is then marked as read whole
+//! ([`Pinned::whole`]), and each GET asks for the whole object, drops the bytes before its range
+//! and stops at its end. Reads planned after that are one GET each (`RemoteFile::ranges`).
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,6 +62,9 @@ pub(crate) struct Pinned {
     /// No range is asked again once this long has passed since its first failure
     /// (`remote_retry_timeout`).
     pub retry_timeout: Duration,
+    /// Whether the server ignores `Range`, so that every GET asks for the whole object; shared
+    /// by every read of the object, set by the first GET that finds out.
+    pub whole: Arc<AtomicBool>,
 }
 
 /// The conditions that pin reads to the object `meta` describes: its ETag and version id, and
@@ -71,9 +80,11 @@ pub(crate) fn conditions(meta: &ObjectMeta) -> GetOptions {
 }
 
 impl Pinned {
-    fn options(&self, range: Range<u64>) -> GetOptions {
+    /// The GET of `range`: of the range itself, or of the whole object from a server that
+    /// ignores `Range`.
+    fn options(&self, range: Range<u64>, whole: bool) -> GetOptions {
         GetOptions {
-            range: Some(GetRange::Bounded(range)),
+            range: (!whole).then_some(GetRange::Bounded(range)),
             ..self.conditions.clone()
         }
     }
@@ -125,34 +136,47 @@ impl Pinned {
                 break;
             }
             let want = at..end;
+            let whole = self.whole.load(Ordering::Relaxed);
             let asked = Instant::now();
             let traced = trace::start();
-            let got = self
+            let got = match self
                 .store
-                .get_opts(&self.path, self.options(want.clone()))
+                .get_opts(&self.path, self.options(want.clone(), whole))
                 .await
-                .map_err(|e| self.read_err(&want, store::io_error(e)))?;
+            {
+                Ok(got) => got,
+                Err(e) if !whole && store::ignores_range(&e) => {
+                    // Asked again at once, for the whole object; nothing has landed.
+                    self.whole.store(true, Ordering::Relaxed);
+                    continue;
+                }
+                Err(e) => return Err(self.read_err(&want, store::io_error(e))),
+            };
             share.answered(at, asked.elapsed());
             trace::record("answer", traced, want.end - want.start);
             let body_began = (trace::start(), at);
             if let Some(why) = self.replaced(&got.meta) {
                 return Err(self.read_err(&want, store::changed(&why)));
             }
-            if got.range != want {
+            let sent = if whole { 0..self.len } else { want.clone() };
+            if got.range != sent {
                 return Err(self.read_err(
                     &want,
                     std::io::Error::other(format!(
-                        "{}: asked for bytes {want:?}, the server sent {:?}",
+                        "{}: asked for bytes {sent:?}, the server sent {:?}",
                         self.url, got.range
                     )),
                 ));
             }
+            // The object offset of the body's next byte: `at` once the bytes before the range
+            // (of a whole object's body) have gone by.
+            let mut next = sent.start;
             let mut body = got.into_stream();
             let mut broke = None;
             while let Some(piece) = body.next().await {
                 match piece {
                     Ok(bytes) => {
-                        if bytes.len() as u64 > want.end - at {
+                        if bytes.len() as u64 > sent.end - next {
                             return Err(self.read_err(
                                 &want,
                                 std::io::Error::other(
@@ -160,13 +184,17 @@ impl Pinned {
                                 ),
                             ));
                         }
+                        let skip = at.saturating_sub(next).min(bytes.len() as u64) as usize;
+                        next += bytes.len() as u64;
+                        let bytes = &bytes[skip..];
                         let mine = share.claim(at, bytes.len());
                         if mine > 0 {
                             land.land(at, &bytes[..mine]).await?;
                             at += mine as u64;
                         }
                         if mine < bytes.len() {
-                            // Another GET took the rest: this body is dropped here.
+                            // Past the share's end (another GET took the rest, or a whole
+                            // object's body goes on): this body is dropped here.
                             break;
                         }
                     }

@@ -31,7 +31,7 @@ mod store;
 mod write;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -103,6 +103,9 @@ struct Inner {
     /// gave no ETag, the Last-Modified time (`fetch::conditions`).
     conditions: GetOptions,
     settings: Settings,
+    /// Whether the server ignores `Range` (found at open or by the first GET), so that every
+    /// GET asks for the whole object and a read is one GET ([`fetch::Pinned::whole`]).
+    whole: Arc<AtomicBool>,
     /// The process that built them, the store, and the cap on ranges in flight this object
     /// shares with the other objects of its store: a forked child builds its own, since the
     /// parent's connections belong to the parent's runtime and its permits to its tasks.
@@ -165,25 +168,17 @@ impl RemoteFile {
             mode: "r".into(),
             source,
         };
-        let meta = handle
+        let (meta, whole) = handle
             .block_on(runtime::unless_cancelled(
                 async {
-                    if location.signed {
+                    // A web server is asked with a GET of the first byte rather than a HEAD:
+                    // the answer also says whether it serves ranges, and some servers refuse
+                    // HEAD or answer it without a Content-Length. Signed URLs are signed for
+                    // GET alone.
+                    if location.signed || location.scheme == object_store::ObjectStoreScheme::Http {
                         return head_by_get(store.as_ref(), &location.path).await;
                     }
-                    match store.head(&location.path).await {
-                        // A web server that refuses HEAD or answers it without a Content-Length
-                        // is asked with a GET instead. object_store reads a 405 as a missing
-                        // object (as WebDAV directories answer), so a missing one is asked too.
-                        Err(e)
-                            if location.scheme == object_store::ObjectStoreScheme::Http
-                                && (matches!(e, object_store::Error::NotFound { .. })
-                                    || !is_refusal(&e)) =>
-                        {
-                            head_by_get(store.as_ref(), &location.path).await.or(Err(e))
-                        }
-                        other => other,
-                    }
+                    Ok((store.head(&location.path).await?, false))
                 },
                 cancelled,
             ))
@@ -193,7 +188,7 @@ impl RemoteFile {
             url,
             location,
             store,
-            meta.size,
+            (meta.size, whole),
             fetch::conditions(&meta),
             settings,
         ))
@@ -223,19 +218,19 @@ impl RemoteFile {
             &object.url,
             location,
             store,
-            object.size,
+            (object.size, false),
             conditions,
             settings,
         ))
     }
 
     /// A remote file of `location` in `store`, of `len` bytes, whose reads are conditional on
-    /// `conditions`.
+    /// `conditions`; `whole`: its server ignores `Range`.
     fn with_meta(
         url: &str,
         location: store::Location,
         store: Arc<dyn ObjectStore>,
-        len: u64,
+        (len, whole): (u64, bool),
         conditions: GetOptions,
         settings: Settings,
     ) -> RemoteFile {
@@ -247,6 +242,7 @@ impl RemoteFile {
                 len,
                 conditions,
                 settings,
+                whole: Arc::new(AtomicBool::new(whole)),
                 store: Mutex::new(Connection {
                     pid: crate::sys::process_id(),
                     store,
@@ -303,6 +299,7 @@ impl RemoteFile {
             conditions: self.inner.conditions.clone(),
             retries: settings.remote_retries,
             retry_timeout: settings.remote_retry_timeout,
+            whole: self.inner.whole.clone(),
         };
         Ok((pinned, slot.in_flight.clone()))
     }
@@ -316,8 +313,13 @@ impl RemoteFile {
     /// GETs in flight, each between [`Settings::remote_range_size`] and
     /// [`Settings::remote_max_range_size`] long (the last takes what is left). Each GET waits
     /// once for its first byte, so long ones waste less of a connection's time; the GETs that
-    /// end last are split by free ones (`share.rs`), so the read does not wait for them.
+    /// end last are split by free ones (`share.rs`), so the read does not wait for them. From a
+    /// server that ignores `Range`, one GET for the whole read: each GET then streams the
+    /// object from its start.
     fn ranges(&self, offset: u64, len: usize) -> Vec<Task> {
+        if self.reads_whole() {
+            return plan::split_guided(offset, len, len as u64, len as u64, 1, 1);
+        }
         let s = &self.inner.settings;
         let share = (len as u64).div_ceil(s.remote_concurrency.max(1) as u64);
         let size = share.clamp(
@@ -388,6 +390,11 @@ impl RemoteFile {
         IoFuture::started(started, ())
     }
 
+    /// Whether the server ignores `Range`, so that reads ask for the whole object.
+    fn reads_whole(&self) -> bool {
+        self.inner.whole.load(Ordering::Relaxed)
+    }
+
     /// The shares of a read of the object's bytes `offset..offset+n` (all inside it): its
     /// ranges ([`RemoteFile::ranges`]), and the halves of slow ones that GETs take over at the
     /// end (`share.rs`).
@@ -395,7 +402,12 @@ impl RemoteFile {
         let ranges = self.ranges(offset, n);
         // Halves of at least an eighth of a range (1 MiB at the defaults): the time a range
         // has left, not its bytes, decides whether splitting it pays (`share.rs`).
-        let min_split = self.inner.settings.remote_range_size / 4;
+        // A server that ignores `Range` sends a taken-over half from the object's start: never.
+        let min_split = if self.reads_whole() {
+            u64::MAX
+        } else {
+            self.inner.settings.remote_range_size / 4
+        };
         Shares::new(
             ranges.iter().map(|t| t.offset..t.offset + t.len as u64),
             min_split,
@@ -945,19 +957,29 @@ unsafe impl Send for SendPtr {}
 // SAFETY: shared only to be copied into each task's own `IntoMemory` (see `Send`).
 unsafe impl Sync for SendPtr {}
 
-/// What a HEAD would say of the object at `path`, asked with a GET: the first byte (the size
-/// comes from the `Content-Range` of the answer), or for an object that has none (an empty one
-/// answers that range with 416) the whole object, whose body is dropped unread. For signed URLs,
-/// which are signed for GET alone, and web servers whose HEAD does not say the size.
-async fn head_by_get(store: &dyn ObjectStore, path: &Path) -> object_store::Result<ObjectMeta> {
+/// What a HEAD would say of the object at `path`, asked with a GET of the first byte (the size
+/// comes from the `Content-Range` of the answer), and whether the server ignores `Range`. Where
+/// that GET fails otherwise than by a refusal (an empty object answers it with 416) or the
+/// server sent the whole object, a GET of the whole object, whose body is dropped unread. For
+/// signed URLs, which are signed for GET alone, and web servers (see `RemoteFile::open_until`).
+async fn head_by_get(
+    store: &dyn ObjectStore,
+    path: &Path,
+) -> object_store::Result<(ObjectMeta, bool)> {
     let first = GetOptions {
         range: Some(GetRange::Bounded(0..1)),
         ..GetOptions::default()
     };
     match store.get_opts(path, first).await {
-        Ok(got) => Ok(got.meta),
+        Ok(got) => Ok((got.meta, false)),
         Err(e) if is_refusal(&e) => Err(e),
-        Err(_) => Ok(store.get_opts(path, GetOptions::default()).await?.meta),
+        Err(e) => {
+            let whole = store::ignores_range(&e);
+            Ok((
+                store.get_opts(path, GetOptions::default()).await?.meta,
+                whole,
+            ))
+        }
     }
 }
 

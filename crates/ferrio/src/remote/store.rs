@@ -551,23 +551,28 @@ pub(crate) fn io_error(e: object_store::Error) -> io::Error {
             format!("access denied: {source}"),
         ),
         E::Precondition { .. } | E::NotModified { .. } => changed("the store refused the read"),
-        // A server that answers a Range GET with the whole object (`python -m http.server`).
-        E::NotSupported { source }
-            if source.to_string().contains("Range request not supported") =>
-        {
-            io::Error::new(
-                io::ErrorKind::Unsupported,
-                "the server does not answer range requests (it sent the whole object for a \
+        // A server that answers a Range GET with the whole object (`python -m http.server`);
+        // reads ask it for the whole object instead (`fetch.rs`), so only a store call made
+        // outside them ends here.
+        ref e if ignores_range(e) => io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the server does not answer range requests (it sent the whole object for a \
                  Range GET), and ferrio reads remote objects in ranges: serve it from a server \
                  that supports them (nginx, Apache, any object store)",
-            )
-        }
+        ),
         other if timed_out(&other) => io::Error::new(
             io::ErrorKind::TimedOut,
             format!("timed out ({other}; see remote_timeout)"),
         ),
         other => io::Error::other(other.to_string()),
     }
+}
+
+/// Whether a ranged GET failed because the server ignored `Range` and sent the whole object
+/// (object_store refuses such an answer).
+pub(crate) fn ignores_range(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::NotSupported { source }
+        if source.to_string().contains("Range request not supported"))
 }
 
 /// Whether a request's error came from a timeout: some error of its chain says so. A body that

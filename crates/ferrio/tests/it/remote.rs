@@ -295,6 +295,8 @@ fn ranges_asked(object: &Object, len: usize) -> Vec<usize> {
 fn ranges_asked_in(object: &Object, span: std::ops::Range<usize>) -> Vec<usize> {
     let len = span.end;
     let mut asked = std::mem::take(&mut *object.asked.lock().unwrap());
+    // An open's GET of the first byte (`RemoteFile::open`) is no range of the read.
+    asked.retain(|&r| r != (0, 0));
     asked.sort_unstable();
     let mut planned = Vec::new();
     let mut next = span.start;
@@ -366,7 +368,11 @@ fn a_failed_or_cancelled_read_reports_only_once_no_get_lands_any_more() {
     let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
     // The fourth GET finds the object replaced (412) while the first three are landing, each
     // piece in a sink that takes 20 ms.
-    server.object.replace_after.store(3, Ordering::Relaxed);
+    let opened = server.object.gets.load(Ordering::Relaxed);
+    server
+        .object
+        .replace_after
+        .store(opened + 3, Ordering::Relaxed);
     let reported = Arc::new(AtomicBool::new(false));
     let late = Arc::new(AtomicUsize::new(0));
     let sink = {
@@ -500,7 +506,11 @@ fn a_replaced_object_is_an_error_naming_the_url() {
     let mut s = small_ranges();
     s.set("remote_concurrency", "1").unwrap();
     let f = RemoteFile::open_with(&server.url, s).unwrap();
-    server.object.replace_after.store(3, Ordering::Relaxed);
+    let opened = server.object.gets.load(Ordering::Relaxed);
+    server
+        .object
+        .replace_after
+        .store(opened + 3, Ordering::Relaxed);
     let err = f.read_all().unwrap_err();
     let text = err.to_string();
     assert!(text.contains("changed since it was opened"), "{text}");
@@ -508,13 +518,53 @@ fn a_replaced_object_is_an_error_naming_the_url() {
 }
 
 #[test]
-fn a_server_that_ignores_range_is_an_error() {
-    let server = serve(data(300_000));
+fn a_server_that_ignores_range_is_read_whole_one_get_per_read() {
+    let body = data(300_000);
+    let server = serve(body.clone());
     server.object.ignore_range.store(true, Ordering::Relaxed);
+    // The open finds out (its GET of the first byte got the whole object) ...
     let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
-    let err = f.read_all().unwrap_err();
-    assert!(matches!(err, Error::Io { .. }), "{err:?}");
-    assert!(err.to_string().contains(&server.url), "{err}");
+    assert_eq!(f.len(), body.len() as u64);
+    let opened = server.object.gets.load(Ordering::Relaxed);
+    // ... so a read of many ranges' worth is one GET of the whole object.
+    assert_bytes_eq(&f.read_all().unwrap(), &body, "whole object");
+    let mut buf = vec![0u8; 100_000];
+    assert_eq!(f.read_at(&mut buf, 123_457).unwrap(), buf.len());
+    assert_bytes_eq(&buf, &body[123_457..223_457], "100 kB at 123457");
+    let mut tail = vec![0u8; 1000];
+    assert_eq!(f.read_at(&mut tail, body.len() as u64 - 10).unwrap(), 10);
+    assert_bytes_eq(&tail[..10], &body[body.len() - 10..], "the last 10 bytes");
+    assert_eq!(server.object.gets.load(Ordering::Relaxed) - opened, 3);
+}
+
+#[test]
+fn a_server_that_stops_serving_ranges_after_the_open_is_read_whole() {
+    let body = data(700_000);
+    let server = serve(body.clone());
+    for device in [false, true] {
+        server.object.ignore_range.store(false, Ordering::Relaxed);
+        let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+        // Found out by the read's GETs: each is asked again for the whole object.
+        server.object.ignore_range.store(true, Ordering::Relaxed);
+        let got = if device {
+            let emulated = EmulatedDevice::default();
+            let pool = piece_pool(&emulated, 64 << 10, u64::MAX);
+            let mem = EmuMem::new(&emulated, 500_000);
+            let n = start_gpu_read(&f, &pool, &mem, 99_999).wait().unwrap();
+            assert_eq!(n, 500_000);
+            assert_settled(&emulated, &pool);
+            mem.read()
+        } else {
+            let mut buf = vec![0u8; 500_000];
+            assert_eq!(f.read_at(&mut buf, 99_999).unwrap(), buf.len());
+            buf
+        };
+        assert_bytes_eq(&got, &body[99_999..599_999], &format!("device {device}"));
+        // The next read is one GET.
+        let before = server.object.gets.load(Ordering::Relaxed);
+        assert_bytes_eq(&f.read_all().unwrap(), &body, "whole object");
+        assert_eq!(server.object.gets.load(Ordering::Relaxed) - before, 1);
+    }
 }
 
 #[test]
@@ -571,13 +621,21 @@ fn copy_downloads_whole_or_leaves_nothing() {
     report.check().unwrap();
     assert_eq!(std::fs::read(dir.path().join("object.bin")).unwrap(), body);
 
-    // A failing download leaves neither the destination nor a temporary file.
+    // A failing download (the object is replaced after the open's GET) leaves neither the
+    // destination nor a temporary file.
     let empty = tempfile::tempdir().unwrap();
-    server.object.ignore_range.store(true, Ordering::Relaxed);
+    let gets = server.object.gets.load(Ordering::Relaxed);
+    server
+        .object
+        .replace_after
+        .store(gets + 1, Ordering::Relaxed);
     let report = ferrio::copy([&server.url], empty.path().join("x"), &options).unwrap();
     assert_eq!(report.errors.len(), 1, "{report:?}");
     assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0);
-    server.object.ignore_range.store(false, Ordering::Relaxed);
+    server
+        .object
+        .replace_after
+        .store(usize::MAX, Ordering::Relaxed);
 
     // A cancelled download too, with its GETs hanging.
     server.object.delay_ms.store(20_000, Ordering::Relaxed);
@@ -1012,7 +1070,11 @@ fn gpu_read_get_failures_fail_the_read_and_give_pieces_back() {
     let pool = piece_pool(&device, 64 << 10, u64::MAX);
     let mem = EmuMem::new(&device, body.len());
     // The object changes after three ranges: those three are in place, the read fails.
-    server.object.replace_after.store(3, Ordering::Relaxed);
+    let opened = server.object.gets.load(Ordering::Relaxed);
+    server
+        .object
+        .replace_after
+        .store(opened + 3, Ordering::Relaxed);
     let err = start_gpu_read(&f, &pool, &mem, 0).wait().unwrap_err();
     let text = err.to_string();
     assert!(text.contains("changed since it was opened"), "{text}");
