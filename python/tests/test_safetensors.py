@@ -219,6 +219,35 @@ def test_index_pointing_at_the_wrong_file(tmp_path):
         fsn.load_file(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "shard",
+    [
+        "../outside.safetensors",
+        "sub/../../outside.safetensors",
+        "/abs.safetensors",
+        "..\\outside.safetensors",
+        "",
+        "file:///x.safetensors",
+    ],
+)
+def test_an_index_may_name_only_shards_beside_it(tmp_path, shard):
+    """A shard named outside the index's directory is refused before anything is opened: an
+    index downloaded with a model must not make the loader read other files."""
+    inner = tmp_path / "model"
+    inner.mkdir()
+    sn.save_file({"a": np.zeros(2)}, tmp_path / "outside.safetensors")
+    sn.save_file({"b": np.zeros(2)}, inner / "x.safetensors")
+    index = inner / "m.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a": shard, "b": "x.safetensors"}}))
+    with pytest.raises(SafetensorError, match=r"'a' is mapped to .* not a file beside the index"):
+        fsn.load_file(index)
+    # A shard in a directory below the index is beside it.
+    (inner / "sub").mkdir()
+    sn.save_file({"a": np.ones(2)}, inner / "sub" / "y.safetensors")
+    index.write_text(json.dumps({"weight_map": {"a": "sub/y.safetensors", "b": "x.safetensors"}}))
+    np.testing.assert_array_equal(fsn.load_file(index)["a"], np.ones(2))
+
+
 class Recorder:
     """Stands in for ferrio.open and records every (offset, size) read of tensor bytes (the
     header is read through the real file the proxy wraps, and not counted)."""

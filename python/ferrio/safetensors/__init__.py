@@ -162,6 +162,15 @@ def _shard_files(
             isinstance(v, str) for v in weight_map.values()
         ):
             raise SafetensorError(f"index {p}: weight_map must map tensor names to file names")
+        for name, shard in weight_map.items():
+            # A shard lies beside the index (or below it): an index must not make the loader
+            # read a file or object anywhere else.
+            parts = shard.replace("\\", "/").split("/")
+            if not shard or shard.startswith("/") or "://" in shard or ".." in parts:
+                raise SafetensorError(
+                    f"index {p}: tensor {name!r} is mapped to {shard!r}, which is not a file "
+                    "beside the index (shards are named relative to its directory, without '..')"
+                )
         if remote:  # shards are objects beside the index
             base = p.rsplit("/", 1)[0]
             mapped = {k: f"{base}/{v}" for k, v in weight_map.items()}
