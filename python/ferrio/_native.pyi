@@ -213,7 +213,9 @@ class IOFuture:
     def done(self) -> bool:
         """Whether the operation has finished."""
     def cancel(self) -> bool:
-        """Cancel the parts not yet started; False if already finished."""
+        """Cancel the operation (result() then raises CancelledError); False if already finished."""
+    def cancelled(self) -> bool:
+        """Whether the operation ended cancelled."""
     def add_done_callback(self, fn: Callable[[IOFuture], object], /) -> None:
         """Call `fn(future)` once the operation has finished."""
     def __await__(self) -> Generator[Any, None, int]: ...

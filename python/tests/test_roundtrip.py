@@ -184,6 +184,17 @@ def test_futures_and_modes(tmp_path: Path) -> None:
         assert ferrio.wait(futs) == [1 << 20] * 3
         assert all(fu.done() for fu in futs)
         assert not futs[0].cancel(), "a finished future cannot be cancelled"
+        assert not futs[0].cancelled()
+        # A cancel that says True always ends cancelled, even if every part had started.
+        for _ in range(20):
+            fut = f.pread(np.empty(len(data), dtype=np.uint8))
+            if fut.cancel():
+                with pytest.raises(ferrio.CancelledError):
+                    fut.result(timeout=30)
+                assert fut.cancelled()
+            else:
+                assert fut.result(timeout=30) == len(data)
+                assert not fut.cancelled()
         f.sync()
         back = np.empty_like(data)
         fut = f.pread(back)

@@ -418,7 +418,9 @@ fn read_to_gpu(
             progress.set(bytes_read_so_far(total));
             if let Err(e) = check_interrupt() {
                 fut.cancel();
-                futures.iter().flatten().for_each(|f| f.cancel());
+                futures.iter().flatten().for_each(|f| {
+                    f.cancel();
+                });
                 return Err(e);
             }
         }

@@ -257,17 +257,17 @@ impl IOFuture {
         self.observe().is_some()
     }
 
-    /// Cancels the parts of the operation not yet started; running parts finish. Returns False
-    /// if the operation had already finished. A cancelled operation's `result()` raises
-    /// `ferrio.CancelledError` unless every part had already started.
+    /// Cancels the operation: parts not yet started are skipped, running parts finish, and
+    /// `result()` then raises `ferrio.CancelledError` (or the error of a part that failed
+    /// first). Returns False, changing nothing, if the operation had already finished.
     fn cancel(&self) -> bool {
-        match self.running() {
-            Some(fut) if !fut.is_done() => {
-                fut.cancel();
-                true
-            }
-            _ => false,
-        }
+        self.running().is_some_and(|fut| fut.cancel())
+    }
+
+    /// Whether the operation ended cancelled (`result()` raises `ferrio.CancelledError`).
+    /// Never blocks.
+    fn cancelled(&self) -> bool {
+        matches!(self.observe(), Some(Err(ferrio::Error::Cancelled)))
     }
 
     /// Calls `fn(future)` once the operation has finished: at once (in this thread) if it

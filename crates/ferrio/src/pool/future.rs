@@ -32,6 +32,8 @@ struct State {
     short_at: u64,
     error: Option<Error>,
     skipped: bool,
+    /// The caller cancelled before the outcome was known ([`Completion::cancel_by_caller`]).
+    cancel_asked: bool,
     /// Set once every task has reported: the outcome is known.
     done: bool,
     /// Set once, after `done`, the callbacks registered before completion have run.
@@ -41,7 +43,7 @@ struct State {
 
 impl State {
     fn outcome(&self, start: u64, len: usize) -> Result<usize> {
-        match (&self.error, self.skipped) {
+        match (&self.error, self.skipped || self.cancel_asked) {
             (Some(e), _) => Err(e.clone()),
             (None, true) => Err(Error::Cancelled),
             (None, false) => Ok(self.short_at.saturating_sub(start).min(len as u64) as usize),
@@ -58,6 +60,7 @@ impl Completion {
                 short_at: u64::MAX,
                 error: None,
                 skipped: false,
+                cancel_asked: false,
                 done: tasks == 0,
                 settled: tasks == 0,
                 callbacks: Vec::new(),
@@ -99,6 +102,22 @@ impl Completion {
     /// Asks for tasks not yet started to be skipped.
     pub(crate) fn cancel(&self) {
         self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// The caller's cancel: tasks not yet started are skipped, and the outcome is
+    /// [`Error::Cancelled`] (unless a task failed first) even where every task had started.
+    /// Returns false, changing nothing, if the outcome was already known.
+    pub(crate) fn cancel_by_caller(&self) -> bool {
+        if self.is_inherited() {
+            return false;
+        }
+        let mut st = self.lock();
+        if st.done {
+            return false;
+        }
+        st.cancel_asked = true;
+        self.cancel();
+        true
     }
 
     /// Records that bytes were moved (for progress), before the task finishes.
@@ -265,9 +284,10 @@ impl<B> IoFuture<B> {
     }
 
     /// Cancels the tasks not yet started; running tasks finish. The result is then
-    /// [`Error::Cancelled`] unless another error came first.
-    pub fn cancel(&self) {
-        self.completion.cancel();
+    /// [`Error::Cancelled`] unless another error came first. Returns false, changing nothing,
+    /// if the operation had already finished.
+    pub fn cancel(&self) -> bool {
+        self.completion.cancel_by_caller()
     }
 
     /// Runs `f` with the outcome once the operation finishes: on the worker thread that finished

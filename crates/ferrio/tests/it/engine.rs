@@ -220,6 +220,40 @@ fn futures_wait_poll_timeout_callback_and_wait_all() {
 }
 
 #[test]
+fn a_cancel_before_the_outcome_is_known_always_ends_cancelled_and_one_after_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let content = data(1 << 20, 3);
+    let path = make_file(dir.path(), "f", &content);
+    let f = File::options()
+        .settings(settings(DirectMode::Off, false, 1 << 20))
+        .open(&path, "r")
+        .unwrap();
+    // One task: once it runs, nothing is left to skip, yet a cancel that comes before it has
+    // reported still makes the outcome a cancel (never a success after `cancel` said true).
+    for _ in 0..50 {
+        let fut = f.pread(vec![0u8; 1 << 20], 0);
+        let asked = fut.cancel();
+        let (result, _) = fut.into_buffer();
+        if asked {
+            assert!(
+                matches!(result, Err(ferrio::Error::Cancelled)),
+                "{result:?}"
+            );
+        } else {
+            assert_eq!(result.unwrap(), 1 << 20);
+        }
+    }
+    let fut = f.pread(vec![0u8; 1 << 20], 0);
+    while !fut.is_done() {
+        std::thread::yield_now();
+    }
+    assert!(!fut.cancel(), "a finished read cannot be cancelled");
+    let (result, buf) = fut.into_buffer();
+    assert_eq!(result.unwrap(), 1 << 20);
+    assert_eq!(buf, content);
+}
+
+#[test]
 fn a_cancelled_request_does_not_wait_its_turn_behind_other_requests() {
     // A file system of its own (tmpfs) gives a pool of its own, here of one thread, so the order
     // in which tasks run is deterministic and no other test shares the pool.
