@@ -44,6 +44,8 @@ def fromfile(
     dt = np.dtype(dtype)
     if dt.hasobject:
         raise ValueError(f"cannot read into an array of Python objects (dtype {dt})")
+    if dt.itemsize == 0:
+        raise ValueError(f"dtype {dt} has no size: give one of at least one byte (e.g. 'S1')")
     if offset < 0:
         raise ValueError(f"offset must be at least 0, not {offset}")
     if shape is not None and count != -1:
@@ -58,7 +60,7 @@ def fromfile(
             dims = (shape,) if isinstance(shape, int) else tuple(shape)
             items = int(np.prod(dims, dtype=np.int64))
         else:
-            items = count if count >= 0 else max(f.size - offset, 0) // max(dt.itemsize, 1)
+            items = count if count >= 0 else max(f.size - offset, 0) // dt.itemsize
             dims = (items,)
         arr = _empty(dims, dt, device)
         got = f.read(arr, offset=offset)

@@ -88,6 +88,22 @@ def test_fromfile_of_a_small_regular_file_is_as_for_any_other(tmp_path: Path) ->
     assert ferrio.fromfile(p, count=2, dtype="<u2").tolist() == [0x0100, 0x0302]
 
 
+@pytest.mark.parametrize("size", [3, 100_000])
+def test_fromfile_refuses_a_dtype_of_no_size_whatever_the_file_size(
+    tmp_path: Path, size: int
+) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(b"a" * size)
+    with pytest.raises(ValueError, match="has no size"):
+        ferrio.fromfile(p, dtype="S0")
+
+
+def test_drop_cache_of_a_generated_file_has_nothing_to_drop() -> None:
+    """procfs files cannot be synced (EINVAL): nothing of theirs is in the page cache."""
+    ferrio.drop_cache("/proc/version")
+    assert ferrio.residency("/proc/version").cached_bytes == 0
+
+
 def test_a_block_device_has_its_size(tmp_path: Path) -> None:
     if not is_root():
         pytest.skip("needs root (losetup)")

@@ -80,7 +80,11 @@ pub fn residency(path: &Path, offset: u64, len: Option<u64>) -> Result<Residency
 /// `POSIX_FADV_DONTNEED`. Needs no privileges. Pages mapped or locked by a process may stay.
 pub fn drop_file(path: &Path) -> Result<()> {
     let f = open_read(path)?;
-    sys::fdatasync(f.as_fd()).map_err(|e| Error::io(Op::Sync, path, 0, 0, e))?;
+    match sys::fdatasync(f.as_fd()) {
+        // A file that cannot be synced (procfs makes its content up) has nothing to write back.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+        other => other.map_err(|e| Error::io(Op::Sync, path, 0, 0, e))?,
+    }
     sys::fadvise_dontneed(f.as_fd(), 0, 0).map_err(|e| Error::io(Op::PageCache, path, 0, 0, e))
 }
 
