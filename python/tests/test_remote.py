@@ -195,13 +195,15 @@ def test_http_server_ignoring_range_is_read_whole_one_get_per_read(
     url, obj = http_object
     obj.ignore_range = True
     with ferrio.open_url(url, range_size="1MiB") as f:
-        opened = obj.gets
+        # The first read's ranged GETs find out (6 ranges), then one GET streams the object.
         assert in_thread(lambda: read_all(f)) == obj.body
+        first = obj.gets
+        assert first <= 6 + 1, first
         buf = bytearray(3 << 20)
         assert f.read(buf, offset=12345) == len(buf)
         assert bytes(buf) == obj.body[12345 : 12345 + len(buf)]
-        # Each read was one GET of the whole object, not one per range.
-        assert obj.gets - opened == 2
+        # Later reads are one GET of the whole object each, not one per range.
+        assert obj.gets - first == 1
 
 
 def test_python_http_server_serves_reads_copies_and_checkpoints(tmp_path: Path) -> None:

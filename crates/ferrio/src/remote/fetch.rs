@@ -13,8 +13,9 @@
 //!
 //! A web server that ignores `Range` (`python -m http.server`) answers a ranged GET with the
 //! whole object, which object_store refuses: the object is then marked as read whole
-//! ([`Pinned::whole`]), and each GET asks for the whole object, drops the bytes before its range
-//! and stops at its end. Reads planned after that are one GET each (`RemoteFile::ranges`).
+//! ([`Pinned::whole`]), and one GET of the read asks for the whole object and lands the read's
+//! ranges from its body in order ([`Pinned::fetch_whole`]); the read's other GETs give theirs
+//! back. Reads planned after that are one range each (`RemoteFile::ranges`).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,11 +81,9 @@ pub(crate) fn conditions(meta: &ObjectMeta) -> GetOptions {
 }
 
 impl Pinned {
-    /// The GET of `range`: of the range itself, or of the whole object from a server that
-    /// ignores `Range`.
-    fn options(&self, range: Range<u64>, whole: bool) -> GetOptions {
+    fn options(&self, range: Range<u64>) -> GetOptions {
         GetOptions {
-            range: (!whole).then_some(GetRange::Bounded(range)),
+            range: Some(GetRange::Bounded(range)),
             ..self.conditions.clone()
         }
     }
@@ -125,58 +124,41 @@ impl Pinned {
     /// asked of `land` before the server has answered, so memory that is scarce (pinned pieces)
     /// can be taken there and held only while a body arrives, not while the server thinks. A
     /// body that breaks off is asked again from where it stopped. An error of `land` ends the
-    /// GET and is returned.
-    pub(crate) async fn fetch(&self, share: &Share, land: &mut impl Landing) -> Result<()> {
+    /// GET and is returned. [`Fetched::RangesIgnored`]: the server sent the whole object for
+    /// the range (the object is then marked `whole`); nothing has landed.
+    pub(crate) async fn fetch(&self, share: &Share, land: &mut impl Landing) -> Result<Fetched> {
         let mut at = share.start();
-        let mut body_failures = 0usize;
-        let mut first_failure: Option<Instant> = None;
+        let mut retry = Retry::default();
         loop {
             let end = share.end();
             if at >= end {
                 break;
             }
             let want = at..end;
-            let whole = self.whole.load(Ordering::Relaxed);
             let asked = Instant::now();
             let traced = trace::start();
             let got = match self
                 .store
-                .get_opts(&self.path, self.options(want.clone(), whole))
+                .get_opts(&self.path, self.options(want.clone()))
                 .await
             {
                 Ok(got) => got,
-                Err(e) if !whole && store::ignores_range(&e) => {
-                    // Asked again at once, for the whole object; nothing has landed.
+                Err(e) if store::ignores_range(&e) => {
                     self.whole.store(true, Ordering::Relaxed);
-                    continue;
+                    return Ok(Fetched::RangesIgnored);
                 }
                 Err(e) => return Err(self.read_err(&want, store::io_error(e))),
             };
             share.answered(at, asked.elapsed());
             trace::record("answer", traced, want.end - want.start);
             let body_began = (trace::start(), at);
-            if let Some(why) = self.replaced(&got.meta) {
-                return Err(self.read_err(&want, store::changed(&why)));
-            }
-            let sent = if whole { 0..self.len } else { want.clone() };
-            if got.range != sent {
-                return Err(self.read_err(
-                    &want,
-                    std::io::Error::other(format!(
-                        "{}: asked for bytes {sent:?}, the server sent {:?}",
-                        self.url, got.range
-                    )),
-                ));
-            }
-            // The object offset of the body's next byte: `at` once the bytes before the range
-            // (of a whole object's body) have gone by.
-            let mut next = sent.start;
+            self.check_reply(&got.meta, &got.range, &want)?;
             let mut body = got.into_stream();
             let mut broke = None;
             while let Some(piece) = body.next().await {
                 match piece {
                     Ok(bytes) => {
-                        if bytes.len() as u64 > sent.end - next {
+                        if bytes.len() as u64 > want.end - at {
                             return Err(self.read_err(
                                 &want,
                                 std::io::Error::other(
@@ -184,17 +166,13 @@ impl Pinned {
                                 ),
                             ));
                         }
-                        let skip = at.saturating_sub(next).min(bytes.len() as u64) as usize;
-                        next += bytes.len() as u64;
-                        let bytes = &bytes[skip..];
                         let mine = share.claim(at, bytes.len());
                         if mine > 0 {
                             land.land(at, &bytes[..mine]).await?;
                             at += mine as u64;
                         }
                         if mine < bytes.len() {
-                            // Past the share's end (another GET took the rest, or a whole
-                            // object's body goes on): this body is dropped here.
+                            // Another GET took the rest: this body is dropped here.
                             break;
                         }
                     }
@@ -207,20 +185,143 @@ impl Pinned {
             trace::record("body", body_began.0, at - body_began.1);
             if at < share.end() {
                 // The body broke off (or ended early): ask again for what is missing.
-                body_failures += 1;
-                let since = *first_failure.get_or_insert_with(Instant::now);
-                if body_failures > self.retries || since.elapsed() >= self.retry_timeout {
-                    let source = match broke {
-                        Some(e) => store::io_error(e),
-                        None => std::io::Error::new(
-                            std::io::ErrorKind::UnexpectedEof,
-                            "the body ended early",
-                        ),
-                    };
-                    return Err(self.read_err(&want, source));
+                retry.failed(self, &want, broke)?;
+            }
+        }
+        land.range_done().await?;
+        Ok(Fetched::Landed)
+    }
+
+    /// [`Pinned::fetch`] from a server that ignores `Range`: the share's bytes out of a GET of
+    /// the whole object. `body` is the GET's body as far as it has come, kept from one share to
+    /// the next: shares taken in order are read from one body, the bytes before each dropped,
+    /// and a new GET is made only where a share starts before the body's position (or the body
+    /// broke off, asked again within the same budget as a range's).
+    pub(crate) async fn fetch_whole(
+        &self,
+        share: &Share,
+        land: &mut impl Landing,
+        body: &mut Option<WholeBody>,
+    ) -> Result<()> {
+        let mut at = share.start();
+        let mut retry = Retry::default();
+        while at < share.end() {
+            let want = at..share.end();
+            if body.as_ref().is_none_or(|b| b.next > at) {
+                let asked = Instant::now();
+                let got = self
+                    .store
+                    .get_opts(&self.path, self.conditions.clone())
+                    .await
+                    .map_err(|e| self.read_err(&want, store::io_error(e)))?;
+                share.answered(at, asked.elapsed());
+                self.check_reply(&got.meta, &got.range, &(0..self.len))?;
+                *body = Some(WholeBody {
+                    stream: got.into_stream(),
+                    next: 0,
+                    held: None,
+                });
+            }
+            let Some(b) = body.as_mut() else { continue };
+            let piece = match b.held.take() {
+                Some(held) => Some(Ok(held)),
+                None => b.stream.next().await,
+            };
+            match piece {
+                Some(Ok(bytes)) => {
+                    let first = b.next;
+                    if bytes.len() as u64 > self.len - first {
+                        return Err(self.read_err(
+                            &want,
+                            std::io::Error::other(
+                                "the server sent more bytes than the object holds",
+                            ),
+                        ));
+                    }
+                    b.next += bytes.len() as u64;
+                    if b.next <= at {
+                        continue; // before the share: dropped
+                    }
+                    let from = (at - first) as usize;
+                    let mine = share.claim(at, bytes.len() - from);
+                    land.land(at, &bytes[from..from + mine]).await?;
+                    at += mine as u64;
+                    if from + mine < bytes.len() {
+                        // Past the share's end: kept for the next share.
+                        b.next = at;
+                        b.held = Some(bytes.slice(from + mine..));
+                    }
+                }
+                broke => {
+                    // The body broke off, or ended before the object did: a new GET.
+                    *body = None;
+                    retry.failed(self, &want, broke.and_then(|r| r.err()))?;
                 }
             }
         }
         land.range_done().await
+    }
+
+    /// Checks a reply: the object is the one opened, and the bytes are those asked for.
+    fn check_reply(&self, meta: &ObjectMeta, sent: &Range<u64>, asked: &Range<u64>) -> Result<()> {
+        if let Some(why) = self.replaced(meta) {
+            return Err(self.read_err(asked, store::changed(&why)));
+        }
+        if sent != asked {
+            return Err(self.read_err(
+                asked,
+                std::io::Error::other(format!(
+                    "{}: asked for bytes {asked:?}, the server sent {sent:?}",
+                    self.url
+                )),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What [`Pinned::fetch`] did with its share.
+pub(crate) enum Fetched {
+    /// Landed it whole.
+    Landed,
+    /// Nothing: the server ignores `Range` (see [`Pinned::fetch_whole`]).
+    RangesIgnored,
+}
+
+/// A GET's body of the whole object ([`Pinned::fetch_whole`]).
+pub(crate) struct WholeBody {
+    stream: futures::stream::BoxStream<'static, object_store::Result<bytes::Bytes>>,
+    /// The object offset of the body's next byte (of `held`'s first, while it holds one).
+    next: u64,
+    /// Bytes received past the share that took them, for the next.
+    held: Option<bytes::Bytes>,
+}
+
+/// The budget for asking again for a body that broke off: at most `remote_retries` times, none
+/// once `remote_retry_timeout` has passed since the first failure.
+#[derive(Default)]
+struct Retry {
+    failures: usize,
+    first: Option<Instant>,
+}
+
+impl Retry {
+    /// Counts a failure of the GET for `want`; the error to return once the budget is spent.
+    fn failed(
+        &mut self,
+        pinned: &Pinned,
+        want: &Range<u64>,
+        broke: Option<object_store::Error>,
+    ) -> Result<()> {
+        self.failures += 1;
+        let since = *self.first.get_or_insert_with(Instant::now);
+        if self.failures <= pinned.retries && since.elapsed() < pinned.retry_timeout {
+            return Ok(());
+        }
+        let source = match broke {
+            Some(e) => store::io_error(e),
+            None => std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the body ended early"),
+        };
+        Err(pinned.read_err(want, source))
     }
 }

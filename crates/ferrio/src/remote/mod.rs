@@ -103,8 +103,9 @@ struct Inner {
     /// gave no ETag, the Last-Modified time (`fetch::conditions`).
     conditions: GetOptions,
     settings: Settings,
-    /// Whether the server ignores `Range` (found at open or by the first GET), so that every
-    /// GET asks for the whole object and a read is one GET ([`fetch::Pinned::whole`]).
+    /// Whether the server ignores `Range` (found at open where that asks with a GET, else by
+    /// the first read's GETs), so that one GET of a read streams the whole object and a read
+    /// is planned as one range ([`fetch::Pinned::whole`]).
     whole: Arc<AtomicBool>,
     /// The process that built them, the store, and the cap on ranges in flight this object
     /// shares with the other objects of its store: a forked child builds its own, since the
@@ -171,14 +172,23 @@ impl RemoteFile {
         let (meta, whole) = handle
             .block_on(runtime::unless_cancelled(
                 async {
-                    // A web server is asked with a GET of the first byte rather than a HEAD:
-                    // the answer also says whether it serves ranges, and some servers refuse
-                    // HEAD or answer it without a Content-Length. Signed URLs are signed for
-                    // GET alone.
-                    if location.signed || location.scheme == object_store::ObjectStoreScheme::Http {
+                    if location.signed {
                         return head_by_get(store.as_ref(), &location.path).await;
                     }
-                    Ok((store.head(&location.path).await?, false))
+                    match store.head(&location.path).await {
+                        Ok(meta) => Ok((meta, false)),
+                        // A web server that refuses HEAD or answers it without a Content-Length
+                        // is asked with a GET instead. object_store reads a 405 as a missing
+                        // object (as WebDAV directories answer), so a missing one is asked too.
+                        Err(e)
+                            if location.scheme == object_store::ObjectStoreScheme::Http
+                                && (matches!(e, object_store::Error::NotFound { .. })
+                                    || !is_refusal(&e)) =>
+                        {
+                            head_by_get(store.as_ref(), &location.path).await.or(Err(e))
+                        }
+                        Err(e) => Err(e),
+                    }
                 },
                 cancelled,
             ))
@@ -314,8 +324,7 @@ impl RemoteFile {
     /// [`Settings::remote_max_range_size`] long (the last takes what is left). Each GET waits
     /// once for its first byte, so long ones waste less of a connection's time; the GETs that
     /// end last are split by free ones (`share.rs`), so the read does not wait for them. From a
-    /// server that ignores `Range`, one GET for the whole read: each GET then streams the
-    /// object from its start.
+    /// server that ignores `Range`, one range: its one GET streams the object from its start.
     fn ranges(&self, offset: u64, len: usize) -> Vec<Task> {
         if self.reads_whole() {
             return plan::split_guided(offset, len, len as u64, len as u64, 1, 1);
@@ -498,9 +507,12 @@ impl RemoteFile {
         let (pinned, in_flight) = self.pinned()?;
         let shares = self.shares(offset, n);
         let land_for = Arc::new(land_for);
+        // Whether one of the GETs reads the whole object from a server that ignores `Range`.
+        let streaming = Arc::new(AtomicBool::new(false));
         let gets = (0..self.gets_for(&shares)).map(|_| {
             let (pinned, in_flight) = (pinned.clone(), in_flight.clone());
             let (shares, land_for) = (shares.clone(), land_for.clone());
+            let streaming = streaming.clone();
             let cancel = completion.clone();
             // Each GET is a task of its own, so that the runtime's threads share the work of
             // receiving the bodies. The store's permit (GPU and host reads share the cap), then
@@ -509,8 +521,31 @@ impl RemoteFile {
             let gets = async move {
                 // From the spawn to the task's first run.
                 trace::record("get-task", spawned, 0);
-                while let Some((share, _permit)) = next_share(&shares, &in_flight).await {
-                    pinned.fetch(&share, &mut land_for(&share)).await?;
+                let mut body = None;
+                let mut streamer = false;
+                while let Some((share, _permit)) = next_share(&shares, &in_flight, streamer).await {
+                    if !pinned.whole.load(Ordering::Relaxed)
+                        && matches!(
+                            pinned.fetch(&share, &mut land_for(&share)).await?,
+                            fetch::Fetched::Landed
+                        )
+                    {
+                        continue;
+                    }
+                    // The server ignores `Range`: every GET gives its range back, and one of
+                    // them then takes the ranges in order and streams the whole object once,
+                    // landing each from it; the others stop.
+                    if !streamer {
+                        share.give_back();
+                        if streaming.swap(true, Ordering::Relaxed) {
+                            break;
+                        }
+                        streamer = true;
+                        continue;
+                    }
+                    pinned
+                        .fetch_whole(&share, &mut land_for(&share), &mut body)
+                        .await?;
                 }
                 Ok(())
             };
@@ -688,17 +723,19 @@ impl RemoteFile {
 
 /// The next range for one of a read's GETs, with the store's permit to fetch it (held while
 /// the GET runs); `None` once nothing is left for this GET. While a range in flight may yet be
-/// worth splitting it looks again every [`STEAL_POLL`], holding no permit in between.
+/// worth splitting (`for_all`: while any is in flight, see [`Shares::take`]) it looks again
+/// every [`STEAL_POLL`], holding no permit in between.
 async fn next_share<'s>(
     shares: &Arc<Shares>,
     in_flight: &'s Semaphore,
+    for_all: bool,
 ) -> Option<(Share, Option<tokio::sync::SemaphorePermit<'s>>)> {
     loop {
         // The cap is never closed; were it, the GETs would run uncapped rather than stop.
         let waited = trace::start();
         let permit = in_flight.acquire().await.ok();
         trace::record("permit", waited, 0);
-        match shares.take() {
+        match shares.take(for_all) {
             Next::Range(share) => return Some((share, permit)),
             Next::Later => {
                 drop(permit);
@@ -961,7 +998,8 @@ unsafe impl Sync for SendPtr {}
 /// comes from the `Content-Range` of the answer), and whether the server ignores `Range`. Where
 /// that GET fails otherwise than by a refusal (an empty object answers it with 416) or the
 /// server sent the whole object, a GET of the whole object, whose body is dropped unread. For
-/// signed URLs, which are signed for GET alone, and web servers (see `RemoteFile::open_until`).
+/// signed URLs, which are signed for GET alone, and web servers whose HEAD does not say the
+/// size.
 async fn head_by_get(
     store: &dyn ObjectStore,
     path: &Path,

@@ -82,8 +82,21 @@ impl Shares {
     /// The next range for a GET: the next planned one, else the second half of the range in
     /// flight with the most time left (where that pays, see the module's doc); else whether a
     /// range in flight is long enough that one may pay later.
-    pub(crate) fn take(self: &Arc<Self>) -> Next {
+    /// With `for_all`, ranges strictly in order and never a half: [`Next::Later`] while a range
+    /// in flight starts before the next planned one (or none is planned), so that the one GET
+    /// that reads a server's whole object (`fetch.rs`) takes the ranges the other GETs give
+    /// back in their place, reading the object's body front to back once.
+    pub(crate) fn take(self: &Arc<Self>, for_all: bool) -> Next {
         let mut st = self.lock();
+        if for_all {
+            let in_flight = st.running.iter().flatten().map(|r| r.at).min();
+            match (st.planned.front(), in_flight) {
+                (None, None) => return Next::Done,
+                (None, Some(_)) => return Next::Later,
+                (Some(next), Some(at)) if at < next.start => return Next::Later,
+                _ => {}
+            }
+        }
         let range = match st.planned.pop_front() {
             Some(r) => r,
             None => match self.steal(&mut st, Instant::now()) {
@@ -218,6 +231,19 @@ impl Share {
     }
 }
 
+impl Share {
+    /// Puts what this GET has not landed of its range back among the planned ranges, in its
+    /// place by offset, for another GET to take.
+    pub(crate) fn give_back(self) {
+        let mut st = self.shares.lock();
+        if let Some(r) = st.running[self.slot].as_ref().filter(|r| r.at < r.end) {
+            let rest = r.at..r.end;
+            let place = st.planned.partition_point(|p| p.start < rest.start);
+            st.planned.insert(place, rest);
+        }
+    }
+}
+
 impl Drop for Share {
     fn drop(&mut self) {
         self.shares.lock().running[self.slot] = None;
@@ -231,21 +257,45 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     #[test]
+    fn a_range_given_back_is_taken_again_in_its_place_and_waiting_for_all_waits() {
+        let shares = Shares::new([0..MIB, MIB..2 * MIB, 2 * MIB..3 * MIB], MIB);
+        let a = shares.take(false).range().unwrap();
+        let b = shares.take(false).range().unwrap();
+        assert_eq!(a.claim(0, 1000), 1000);
+        // `a` keeps the rest of its range in flight: one waiting for all waits for it.
+        // In order: not the planned range past them while `a` and `b` are in flight.
+        assert!(matches!(shares.take(true), Next::Later));
+        let c = shares.take(false).range().unwrap();
+        assert_eq!(c.start(), 2 * MIB);
+        assert!(matches!(shares.take(true), Next::Later));
+        // `b` gives back all of its range, `a` what it has not landed: they come again in order.
+        b.give_back();
+        a.give_back();
+        let again = shares.take(true).range().unwrap();
+        assert_eq!((again.start(), again.end()), (1000, MIB));
+        drop(again);
+        let again2 = shares.take(true).range().unwrap();
+        assert_eq!((again2.start(), again2.end()), (MIB, 2 * MIB));
+        drop((c, again2));
+        assert!(matches!(shares.take(true), Next::Done));
+    }
+
+    #[test]
     fn planned_ranges_come_first_in_order_then_nothing_without_a_rate() {
         let shares = Shares::new([0..8 * MIB, 8 * MIB..16 * MIB], MIB);
-        let a = shares.take().range().unwrap();
-        let b = shares.take().range().unwrap();
+        let a = shares.take(false).range().unwrap();
+        let b = shares.take(false).range().unwrap();
         assert_eq!((a.start(), a.end()), (0, 8 * MIB));
         assert_eq!((b.start(), b.end()), (8 * MIB, 16 * MIB));
         // Both in flight, neither has a body yet: nothing to steal now, maybe later.
-        assert!(matches!(shares.take(), Next::Later));
+        assert!(matches!(shares.take(false), Next::Later));
     }
 
     #[test]
     fn a_free_get_takes_the_second_half_of_the_slowest_range() {
         let shares = Shares::new([0..64 * MIB, 64 * MIB..72 * MIB], MIB);
-        let slow = shares.take().range().unwrap();
-        let fast = shares.take().range().unwrap();
+        let slow = shares.take(false).range().unwrap();
+        let fast = shares.take(false).range().unwrap();
         slow.answered(0, Duration::ZERO);
         fast.answered(64 * MIB, Duration::ZERO);
         std::thread::sleep(Duration::from_millis(20));
@@ -253,7 +303,7 @@ mod tests {
         assert_eq!(fast.claim(64 * MIB, 8 * MIB as usize), 8 * MIB as usize);
         drop(fast);
         // The slow range has 63 MiB left: its second half is cut off at a 64 KiB multiple.
-        let thief = shares.take().range().unwrap();
+        let thief = shares.take(false).range().unwrap();
         let middle = 32 * MIB + MIB / 2;
         assert_eq!((thief.start(), thief.end()), (middle, 64 * MIB));
         assert_eq!(slow.end(), middle);
@@ -267,8 +317,8 @@ mod tests {
     #[test]
     fn nothing_is_stolen_that_would_not_pay_for_a_new_reply() {
         let shares = Shares::new([0..4 * MIB, 4 * MIB..5 * MIB], MIB);
-        let a = shares.take().range().unwrap();
-        let b = shares.take().range().unwrap();
+        let a = shares.take(false).range().unwrap();
+        let b = shares.take(false).range().unwrap();
         // Replies took 10 s on average: no range has 20 s left at its rate.
         a.answered(0, Duration::from_secs(10));
         b.answered(4 * MIB, Duration::from_secs(10));
@@ -276,23 +326,23 @@ mod tests {
         a.claim(0, 4096);
         b.claim(4 * MIB, MIB as usize);
         drop(b);
-        assert!(shares.take().range().is_none());
+        assert!(shares.take(false).range().is_none());
         // Too few bytes left is not split either, however slow.
         let shares = Shares::new(std::iter::once(0..MIB + 4096), MIB);
-        let a = shares.take().range().unwrap();
+        let a = shares.take(false).range().unwrap();
         a.answered(0, Duration::ZERO);
         std::thread::sleep(Duration::from_millis(5));
         a.claim(0, 8192);
-        assert!(matches!(shares.take(), Next::Done));
+        assert!(matches!(shares.take(false), Next::Done));
     }
 
     #[test]
     fn a_dropped_share_frees_its_slot_for_the_next() {
         let shares = Shares::new([0..MIB, MIB..2 * MIB, 2 * MIB..3 * MIB], MIB);
-        let a = shares.take().range().unwrap();
-        let b = shares.take().range().unwrap();
+        let a = shares.take(false).range().unwrap();
+        let b = shares.take(false).range().unwrap();
         drop(a);
-        let c = shares.take().range().unwrap();
+        let c = shares.take(false).range().unwrap();
         assert_eq!(c.slot, 0);
         assert_eq!((b.end(), c.start(), c.end()), (2 * MIB, 2 * MIB, 3 * MIB));
     }

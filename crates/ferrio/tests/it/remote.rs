@@ -28,6 +28,8 @@ use crate::support::{assert_bytes_eq, poison};
 struct Object {
     body: Mutex<(Vec<u8>, String)>,
     ignore_range: AtomicBool,
+    /// HEAD is answered 405 Method Not Allowed.
+    refuse_head: AtomicBool,
     /// After this many GETs the object is replaced (usize::MAX: never).
     replace_after: AtomicUsize,
     gets: AtomicUsize,
@@ -83,6 +85,7 @@ fn serve(body: Vec<u8>) -> Server {
     let object = Arc::new(Object {
         body: Mutex::new((body, "\"v1\"".into())),
         ignore_range: AtomicBool::new(false),
+        refuse_head: AtomicBool::new(false),
         replace_after: AtomicUsize::new(usize::MAX),
         gets: AtomicUsize::new(0),
         asked: Mutex::new(Vec::new()),
@@ -173,6 +176,9 @@ fn answer(conn: TcpStream, object: &Object) -> std::io::Result<()> {
     }
     let (body, etag) = object.body.lock().unwrap().clone();
     if method == "HEAD" {
+        if object.refuse_head.load(Ordering::Relaxed) {
+            return conn.write_all(head("405 Method Not Allowed", 0, &etag, "").as_bytes());
+        }
         return conn.write_all(head("200 OK", body.len(), &etag, "").as_bytes());
     }
     if if_match.is_some_and(|m| m != etag) {
@@ -522,19 +528,31 @@ fn a_server_that_ignores_range_is_read_whole_one_get_per_read() {
     let body = data(300_000);
     let server = serve(body.clone());
     server.object.ignore_range.store(true, Ordering::Relaxed);
-    // The open finds out (its GET of the first byte got the whole object) ...
     let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
     assert_eq!(f.len(), body.len() as u64);
-    let opened = server.object.gets.load(Ordering::Relaxed);
-    // ... so a read of many ranges' worth is one GET of the whole object.
+    // The first read's GETs find out (each got the whole object for its range): one of them
+    // then streams the whole object and lands every range, the others stop.
     assert_bytes_eq(&f.read_all().unwrap(), &body, "whole object");
+    let first = server.object.gets.load(Ordering::Relaxed);
+    assert!(
+        first <= 4 + 1,
+        "{first} GETs: 4 ranged at most, then one whole"
+    );
+    // Later reads are one GET each.
     let mut buf = vec![0u8; 100_000];
     assert_eq!(f.read_at(&mut buf, 123_457).unwrap(), buf.len());
     assert_bytes_eq(&buf, &body[123_457..223_457], "100 kB at 123457");
     let mut tail = vec![0u8; 1000];
     assert_eq!(f.read_at(&mut tail, body.len() as u64 - 10).unwrap(), 10);
     assert_bytes_eq(&tail[..10], &body[body.len() - 10..], "the last 10 bytes");
-    assert_eq!(server.object.gets.load(Ordering::Relaxed) - opened, 3);
+    assert_eq!(server.object.gets.load(Ordering::Relaxed) - first, 2);
+    // A server whose HEAD fails is asked with a GET of the first byte at open, which finds
+    // out there: the first read is one GET too.
+    server.object.refuse_head.store(true, Ordering::Relaxed);
+    let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+    let opened = server.object.gets.load(Ordering::Relaxed);
+    assert_bytes_eq(&f.read_all().unwrap(), &body, "whole object, opened by GET");
+    assert_eq!(server.object.gets.load(Ordering::Relaxed) - opened, 1);
 }
 
 #[test]
