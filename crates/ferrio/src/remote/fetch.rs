@@ -208,21 +208,11 @@ impl Pinned {
         while at < share.end() {
             let want = at..share.end();
             if body.as_ref().is_none_or(|b| b.next > at) {
-                let asked = Instant::now();
-                let got = self
-                    .store
-                    .get_opts(&self.path, self.conditions.clone())
-                    .await
-                    .map_err(|e| self.read_err(&want, store::io_error(e)))?;
-                share.answered(at, asked.elapsed());
-                self.check_reply(&got.meta, &got.range, &(0..self.len))?;
-                *body = Some(WholeBody {
-                    stream: got.into_stream(),
-                    next: 0,
-                    held: None,
-                });
+                *body = Some(self.get_whole(share, &want).await?);
             }
-            let Some(b) = body.as_mut() else { continue };
+            let Some(b) = body.as_mut() else {
+                continue; // never: set just above where it was not already
+            };
             let piece = match b.held.take() {
                 Some(held) => Some(Ok(held)),
                 None => b.stream.next().await,
@@ -244,8 +234,10 @@ impl Pinned {
                     }
                     let from = (at - first) as usize;
                     let mine = share.claim(at, bytes.len() - from);
-                    land.land(at, &bytes[from..from + mine]).await?;
-                    at += mine as u64;
+                    if mine > 0 {
+                        land.land(at, &bytes[from..from + mine]).await?;
+                        at += mine as u64;
+                    }
                     if from + mine < bytes.len() {
                         // Past the share's end: kept for the next share.
                         b.next = at;
@@ -260,6 +252,23 @@ impl Pinned {
             }
         }
         land.range_done().await
+    }
+
+    /// A GET of the whole object, for `share`'s bytes `want`, its reply checked.
+    async fn get_whole(&self, share: &Share, want: &Range<u64>) -> Result<WholeBody> {
+        let asked = Instant::now();
+        let got = self
+            .store
+            .get_opts(&self.path, self.conditions.clone())
+            .await
+            .map_err(|e| self.read_err(want, store::io_error(e)))?;
+        share.answered(want.start, asked.elapsed());
+        self.check_reply(&got.meta, &got.range, &(0..self.len))?;
+        Ok(WholeBody {
+            stream: got.into_stream(),
+            next: 0,
+            held: None,
+        })
     }
 
     /// Checks a reply: the object is the one opened, and the bytes are those asked for.
