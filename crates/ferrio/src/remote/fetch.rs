@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::Either;
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
@@ -137,11 +138,15 @@ impl Pinned {
             let want = at..end;
             let asked = Instant::now();
             let traced = trace::start();
-            let got = match self
-                .store
-                .get_opts(&self.path, self.options(want.clone()))
-                .await
-            {
+            // The GET for the range, unless the range is taken from this GET while it waits
+            // for the reply (the one GET reading a whole object takes every range in order).
+            let get = std::pin::pin!(self.store.get_opts(&self.path, self.options(want.clone())));
+            let taken = std::pin::pin!(share.taken(at));
+            let got = match futures::future::select(get, taken).await {
+                Either::Right(_) => break,
+                Either::Left((got, _)) => got,
+            };
+            let got = match got {
                 Ok(got) => got,
                 Err(e) if store::ignores_range(&e) => {
                     self.whole.store(true, Ordering::Relaxed);
@@ -247,7 +252,14 @@ impl Pinned {
                 broke => {
                     // The body broke off, or ended before the object did: a new GET.
                     *body = None;
-                    retry.failed(self, &want, broke.and_then(|r| r.err()))?;
+                    // object_store resumes a broken body with a ranged GET, which this server
+                    // answers with the whole object: that refusal is no cause of its own.
+                    let broke = broke
+                        .and_then(|r| r.err())
+                        .filter(|e| !store::ignores_range(e));
+                    retry
+                        .failed(self, &want, broke)
+                        .map_err(|e| whole_hint(e, at))?;
                 }
             }
         }
@@ -286,6 +298,36 @@ impl Pinned {
             ));
         }
         Ok(())
+    }
+}
+
+/// `e` (a failed stream of a whole object, `at` bytes in) with what to do about it: the server
+/// ignores `Range`, so each read streams the object from its start, which must arrive within
+/// one request's time.
+fn whole_hint(e: Error, at: u64) -> Error {
+    match e {
+        Error::Io {
+            op,
+            path,
+            offset,
+            len,
+            source,
+        } => Error::Io {
+            op,
+            path,
+            offset,
+            len,
+            source: std::io::Error::new(
+                source.kind(),
+                format!(
+                    "{source}; this server ignores Range, so each read streams the object from \
+                     its start: its first {at} bytes and more must come in one unbroken GET \
+                     within remote_timeout (raise it, or serve the object from a server that \
+                     supports ranges)"
+                ),
+            ),
+        },
+        other => other,
     }
 }
 

@@ -533,8 +533,9 @@ impl RemoteFile {
                         continue;
                     }
                     // The server ignores `Range`: every GET gives its range back, and one of
-                    // them then takes the ranges in order and streams the whole object once,
-                    // landing each from it; the others stop.
+                    // them then takes the ranges in order (those of GETs still waiting for a
+                    // reply too) and streams the whole object once, landing each from it; the
+                    // others stop.
                     if !streamer {
                         share.give_back();
                         if streaming.swap(true, Ordering::Relaxed) {
@@ -723,8 +724,8 @@ impl RemoteFile {
 
 /// The next range for one of a read's GETs, with the store's permit to fetch it (held while
 /// the GET runs); `None` once nothing is left for this GET. While a range in flight may yet be
-/// worth splitting (`for_all`: while any is in flight, see [`Shares::take`]) it looks again
-/// every [`STEAL_POLL`], holding no permit in between.
+/// worth splitting it looks again every [`STEAL_POLL`], holding no permit in between. `for_all`:
+/// the ranges in order, whole ([`Shares::take`]).
 async fn next_share<'s>(
     shares: &Arc<Shares>,
     in_flight: &'s Semaphore,

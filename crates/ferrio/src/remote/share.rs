@@ -17,6 +17,9 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// How often a GET waiting for its reply looks whether its range was taken ([`Share::taken`]).
+const TAKEN_POLL: Duration = Duration::from_millis(10);
+
 /// Halves are cut at multiples of this (GPU pieces and host copies like aligned starts).
 const SPLIT_ALIGN: u64 = 64 << 10;
 
@@ -82,19 +85,27 @@ impl Shares {
     /// The next range for a GET: the next planned one, else the second half of the range in
     /// flight with the most time left (where that pays, see the module's doc); else whether a
     /// range in flight is long enough that one may pay later.
-    /// With `for_all`, ranges strictly in order and never a half: [`Next::Later`] while a range
-    /// in flight starts before the next planned one (or none is planned), so that the one GET
-    /// that reads a server's whole object (`fetch.rs`) takes the ranges the other GETs give
-    /// back in their place, reading the object's body front to back once.
+    /// With `for_all`, the ranges strictly in order, whole: the next planned one, or where a
+    /// range in flight has bytes not yet landed before that, all of them, taken from its GET
+    /// (which lands nothing more, and stops waiting for its reply: [`Share::taken`]). So the one
+    /// GET that reads a server's whole object (`fetch.rs`) reads its body front to back once,
+    /// waiting for no other GET.
     pub(crate) fn take(self: &Arc<Self>, for_all: bool) -> Next {
         let mut st = self.lock();
         if for_all {
-            let in_flight = st.running.iter().flatten().map(|r| r.at).min();
-            match (st.planned.front(), in_flight) {
-                (None, None) => return Next::Done,
-                (None, Some(_)) => return Next::Later,
-                (Some(next), Some(at)) if at < next.start => return Next::Later,
-                _ => {}
+            let next = st.planned.front().map_or(u64::MAX, |r| r.start);
+            let earliest = st
+                .running
+                .iter_mut()
+                .flatten()
+                .filter(|r| r.at < r.end && r.at < next)
+                .min_by_key(|r| r.at);
+            if let Some(victim) = earliest {
+                let rest = victim.at..victim.end;
+                victim.end = victim.at;
+                st.planned.push_front(rest);
+            } else if next == u64::MAX {
+                return Next::Done;
             }
         }
         let range = match st.planned.pop_front() {
@@ -232,6 +243,14 @@ impl Share {
 }
 
 impl Share {
+    /// Resolves once the range has nothing left for this GET from `at` on: another GET took
+    /// the rest ([`Shares::take`] with `for_all`). For a GET still waiting for its reply.
+    pub(crate) async fn taken(&self, at: u64) {
+        while self.end() > at {
+            tokio::time::sleep(TAKEN_POLL).await;
+        }
+    }
+
     /// Puts what this GET has not landed of its range back among the planned ranges, in its
     /// place by offset, for another GET to take.
     pub(crate) fn give_back(self) {
@@ -257,26 +276,31 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     #[test]
-    fn a_range_given_back_is_taken_again_in_its_place_and_waiting_for_all_waits() {
+    fn a_range_given_back_is_taken_again_in_its_place_and_for_all_takes_in_order() {
         let shares = Shares::new([0..MIB, MIB..2 * MIB, 2 * MIB..3 * MIB], MIB);
         let a = shares.take(false).range().unwrap();
         let b = shares.take(false).range().unwrap();
         assert_eq!(a.claim(0, 1000), 1000);
-        // `a` keeps the rest of its range in flight: one waiting for all waits for it.
-        // In order: not the planned range past them while `a` and `b` are in flight.
-        assert!(matches!(shares.take(true), Next::Later));
-        let c = shares.take(false).range().unwrap();
-        assert_eq!(c.start(), 2 * MIB);
-        assert!(matches!(shares.take(true), Next::Later));
-        // `b` gives back all of its range, `a` what it has not landed: they come again in order.
+        // `b` gives back all of its range.
         b.give_back();
-        a.give_back();
-        let again = shares.take(true).range().unwrap();
-        assert_eq!((again.start(), again.end()), (1000, MIB));
-        drop(again);
-        let again2 = shares.take(true).range().unwrap();
-        assert_eq!((again2.start(), again2.end()), (MIB, 2 * MIB));
-        drop((c, again2));
+        // In order: what `a` has not landed comes first, taken from it; `a` lands no more.
+        let rest = shares.take(true).range().unwrap();
+        assert_eq!((rest.start(), rest.end()), (1000, MIB));
+        assert_eq!(a.end(), 1000);
+        assert_eq!(a.claim(1000, 10), 0);
+        drop((a, rest));
+        // A GET takes the range given back and lands some: the next in order is its rest.
+        let c = shares.take(false).range().unwrap();
+        assert_eq!((c.start(), c.end()), (MIB, 2 * MIB));
+        assert_eq!(c.claim(MIB, 10), 10);
+        let tail = shares.take(true).range().unwrap();
+        assert_eq!((tail.start(), tail.end()), (MIB + 10, 2 * MIB));
+        assert_eq!(c.end(), MIB + 10);
+        drop(tail);
+        let last = shares.take(true).range().unwrap();
+        assert_eq!((last.start(), last.end()), (2 * MIB, 3 * MIB));
+        drop(last);
+        drop(c);
         assert!(matches!(shares.take(true), Next::Done));
     }
 

@@ -569,10 +569,13 @@ pub(crate) fn io_error(e: object_store::Error) -> io::Error {
 }
 
 /// Whether a ranged GET failed because the server ignored `Range` and sent the whole object
-/// (object_store refuses such an answer).
+/// (object_store refuses such an answer: as `NotSupported` from a GET, wrapped in a `Generic`
+/// error from its resume of a broken body).
 pub(crate) fn ignores_range(e: &object_store::Error) -> bool {
-    matches!(e, object_store::Error::NotSupported { source }
-        if source.to_string().contains("Range request not supported"))
+    matches!(
+        e,
+        object_store::Error::NotSupported { .. } | object_store::Error::Generic { .. }
+    ) && e.to_string().contains("Range request not supported")
 }
 
 /// Whether a request's error came from a timeout: some error of its chain says so. A body that

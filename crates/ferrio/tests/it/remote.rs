@@ -556,6 +556,29 @@ fn a_server_that_ignores_range_is_read_whole_one_get_per_read() {
 }
 
 #[test]
+fn a_server_that_ignores_range_is_read_without_waiting_for_slow_ranged_gets() {
+    let body = data(300_000);
+    let server = serve(body.clone());
+    server.object.ignore_range.store(true, Ordering::Relaxed);
+    // Two of the first read's ranged GETs get no answer for 20 s (a server's full backlog):
+    // the GET that streams the object takes their ranges and the read does not wait for them.
+    server
+        .object
+        .delay_at
+        .lock()
+        .unwrap()
+        .extend([(64 << 10, 20_000), (128 << 10, 20_000)]);
+    let f = RemoteFile::open_with(&server.url, small_ranges()).unwrap();
+    let t0 = Instant::now();
+    assert_bytes_eq(&f.read_all().unwrap(), &body, "whole object");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "the read took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
 fn a_server_that_stops_serving_ranges_after_the_open_is_read_whole() {
     let body = data(700_000);
     let server = serve(body.clone());
