@@ -46,6 +46,7 @@ class _Object:
         self.last_modified: str | None = "Mon, 23 Nov 2026 10:00:00 GMT"  # None: none sent
         self.grow_on_replace = False  # the replacement is longer, not just other bytes
         self.ignore_range = False
+        self.chunked = False  # the whole object (a Range ignored) goes chunked, with no length
         self.fail_503 = 0  # this many GETs answer 503 first
         self.drop_after = 0  # if >0: the next GET sends this many body bytes, then hangs up
         self.replace_after_gets = -1  # after this many GETs, the object changes
@@ -64,9 +65,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def _headers(self, status: int, length: int, extra: dict[str, str]) -> None:
+    def _headers(self, status: int, length: int | None, extra: dict[str, str]) -> None:
         self.send_response(status)
-        self.send_header("Content-Length", str(length))
+        if length is not None:
+            self.send_header("Content-Length", str(length))
         if self.obj.etag is not None:
             self.send_header("ETag", self.obj.etag)
         if self.obj.last_modified is not None:
@@ -128,6 +130,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 start, end = start + obj.shift_range, end + obj.shift_range
             part = body[start:end]
             self._headers(206, len(part), {"Content-Range": f"bytes {start}-{end - 1}/{len(body)}"})
+        elif obj.chunked:
+            self._headers(200, None, {"Transfer-Encoding": "chunked"})
+            for i in range(0, len(body), 1 << 16):
+                piece = body[i : i + (1 << 16)]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
+            return
         else:
             part = body
             self._headers(200, len(part), {})
@@ -204,6 +213,17 @@ def test_http_server_ignoring_range_is_read_whole_one_get_per_read(
         assert bytes(buf) == obj.body[12345 : 12345 + len(buf)]
         # Later reads are one GET of the whole object each, not one per range.
         assert obj.gets - first == 1
+
+
+def test_a_range_ignoring_server_that_sends_no_length_is_a_clear_error(
+    http_object: tuple[str, _Object],
+) -> None:
+    url, obj = http_object
+    obj.ignore_range = obj.chunked = True
+    with ferrio.open_url(url, range_size="1MiB") as f, pytest.raises(OSError) as e:
+        in_thread(lambda: read_all(f))
+    assert "without a Content-Length" in str(e.value), e.value
+    assert "object.bin" in str(e.value)
 
 
 def test_python_http_server_serves_reads_copies_and_checkpoints(tmp_path: Path) -> None:

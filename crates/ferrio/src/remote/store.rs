@@ -560,6 +560,11 @@ pub(crate) fn io_error(e: object_store::Error) -> io::Error {
                  Range GET), and ferrio reads remote objects in ranges: serve it from a server \
                  that supports them (nginx, Apache, any object store)",
         ),
+        // object_store reads no body without its length (a chunked reply).
+        other if other.to_string().contains("Content-Length Header missing") => io::Error::other(
+            "the server sent its reply without a Content-Length (chunked), which ferrio's HTTP \
+             client cannot read: serve the object from a server that sends the length",
+        ),
         other if timed_out(&other) => io::Error::new(
             io::ErrorKind::TimedOut,
             format!("timed out ({other}; see remote_timeout)"),
