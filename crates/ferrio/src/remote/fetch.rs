@@ -190,7 +190,9 @@ impl Pinned {
             trace::record("body", body_began.0, at - body_began.1);
             if at < share.end() {
                 // The body broke off (or ended early): ask again for what is missing.
-                retry.failed(self, &want, broke)?;
+                if let Some(cause) = retry.spent(self, broke) {
+                    return Err(self.read_err(&want, cause));
+                }
             }
         }
         land.range_done().await?;
@@ -212,11 +214,12 @@ impl Pinned {
         let mut retry = Retry::default();
         while at < share.end() {
             let want = at..share.end();
-            if body.as_ref().is_none_or(|b| b.next > at) {
-                *body = Some(self.get_whole(share, &want).await?);
+            if body.as_ref().is_some_and(|b| b.next > at) {
+                *body = None; // past the share's start: the object is asked for again
             }
-            let Some(b) = body.as_mut() else {
-                continue; // never: set just above where it was not already
+            let b = match body {
+                Some(b) => b,
+                None => body.insert(self.get_whole(share, &want).await?),
             };
             let piece = match b.held.take() {
                 Some(held) => Some(Ok(held)),
@@ -257,9 +260,9 @@ impl Pinned {
                     let broke = broke
                         .and_then(|r| r.err())
                         .filter(|e| !store::ignores_range(e));
-                    retry
-                        .failed(self, &want, broke)
-                        .map_err(|e| whole_hint(e, at))?;
+                    if let Some(cause) = retry.spent(self, broke) {
+                        return Err(self.read_err(&want, whole_hint(cause, at)));
+                    }
                 }
             }
         }
@@ -301,34 +304,18 @@ impl Pinned {
     }
 }
 
-/// `e` (a failed stream of a whole object, `at` bytes in) with what to do about it: the server
-/// ignores `Range`, so each read streams the object from its start, which must arrive within
-/// one request's time.
-fn whole_hint(e: Error, at: u64) -> Error {
-    match e {
-        Error::Io {
-            op,
-            path,
-            offset,
-            len,
-            source,
-        } => Error::Io {
-            op,
-            path,
-            offset,
-            len,
-            source: std::io::Error::new(
-                source.kind(),
-                format!(
-                    "{source}; this server ignores Range, so each read streams the object from \
-                     its start: its first {at} bytes and more must come in one unbroken GET \
-                     within remote_timeout (raise it, or serve the object from a server that \
-                     supports ranges)"
-                ),
-            ),
-        },
-        other => other,
-    }
+/// `cause` (of a failed stream of a whole object, `at` bytes in) with what to do about it: the
+/// server ignores `Range`, so each read streams the object from its start, which must arrive
+/// within one request's time.
+fn whole_hint(cause: std::io::Error, at: u64) -> std::io::Error {
+    std::io::Error::new(
+        cause.kind(),
+        format!(
+            "{cause}; this server ignores Range, so each read streams the object from its start: \
+             its first {at} bytes and more must come in one unbroken GET within remote_timeout \
+             (raise it, or serve the object from a server that supports ranges)"
+        ),
+    )
 }
 
 /// What [`Pinned::fetch`] did with its share.
@@ -357,22 +344,21 @@ struct Retry {
 }
 
 impl Retry {
-    /// Counts a failure of the GET for `want`; the error to return once the budget is spent.
-    fn failed(
+    /// Counts a failure of a GET (`broke`: its error, if it had one rather than ending early):
+    /// `None` while the budget allows asking again, else the cause to report.
+    fn spent(
         &mut self,
         pinned: &Pinned,
-        want: &Range<u64>,
         broke: Option<object_store::Error>,
-    ) -> Result<()> {
+    ) -> Option<std::io::Error> {
         self.failures += 1;
         let since = *self.first.get_or_insert_with(Instant::now);
         if self.failures <= pinned.retries && since.elapsed() < pinned.retry_timeout {
-            return Ok(());
+            return None;
         }
-        let source = match broke {
+        Some(match broke {
             Some(e) => store::io_error(e),
             None => std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the body ended early"),
-        };
-        Err(pinned.read_err(want, source))
+        })
     }
 }

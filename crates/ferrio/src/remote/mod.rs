@@ -411,12 +411,7 @@ impl RemoteFile {
         let ranges = self.ranges(offset, n);
         // Halves of at least an eighth of a range (1 MiB at the defaults): the time a range
         // has left, not its bytes, decides whether splitting it pays (`share.rs`).
-        // A server that ignores `Range` sends a taken-over half from the object's start: never.
-        let min_split = if self.reads_whole() {
-            u64::MAX
-        } else {
-            self.inner.settings.remote_range_size / 4
-        };
+        let min_split = self.inner.settings.remote_range_size / 4;
         Shares::new(
             ranges.iter().map(|t| t.offset..t.offset + t.len as u64),
             min_split,
