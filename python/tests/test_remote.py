@@ -653,6 +653,23 @@ def test_http_into_cupy(http_object: tuple[str, _Object]) -> None:
         assert cp.asnumpy(part).tobytes() == obj.body[4097 : 4097 + len(part)]
 
 
+def test_http_server_ignoring_range_into_cupy(http_object: tuple[str, _Object]) -> None:
+    """The whole-object stream of a server that ignores Range lands each range in GPU memory."""
+    cp = _cupy_with_gpu()
+    url, obj = http_object
+    obj.ignore_range = True
+    with ferrio.open_url(url, range_size="1MiB") as f:
+        dst = cp.full(f.size + 10, 0xA5, dtype=cp.uint8)
+        assert in_thread(lambda: f.read(dst, size=f.size)) == f.size
+        assert cp.asnumpy(dst[: f.size]).tobytes() == obj.body
+        assert int(dst[f.size]) == 0xA5
+        first = obj.gets
+        part = cp.full(3 << 20, 0xA5, dtype=cp.uint8)
+        assert f.read(part, offset=4097) == len(part)
+        assert cp.asnumpy(part).tobytes() == obj.body[4097 : 4097 + len(part)]
+        assert obj.gets - first == 1
+
+
 @pytest.mark.usefixtures("restore_settings")
 def test_http_into_cupy_through_pieces_shorter_than_the_ranges(
     http_object: tuple[str, _Object],

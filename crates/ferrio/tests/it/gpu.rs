@@ -199,3 +199,56 @@ fn several_files_read_at_once_into_one_device_buffer() {
         );
     }
 }
+
+/// A cancel that says it took effect ends a device read cancelled, one that comes too late
+/// changes nothing, and either way no copy into the destination lands after `wait` returns
+/// (the buffer, poisoned right after, stays poisoned); the next read lands every byte.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (make gpu-test)"]
+fn a_cancelled_device_read_ends_cancelled_and_nothing_lands_after_it() {
+    crate::require_cuda!();
+    let dir = disk_dir();
+    let len = (24 << 20) + 4099;
+    let content = data(len, 24);
+    let path = make_file(dir.path(), "cancel", &content);
+    let f = File::options()
+        .settings(settings(DirectMode::Auto, false, 1 << 20))
+        .open(&path, "r")
+        .unwrap();
+    let dev = DeviceBuffer::new(0, len, false).unwrap();
+    let poison = vec![POISON; len];
+    let mut host = vec![0u8; len];
+    let (mut cancelled, mut finished) = (0, 0);
+    for round in 0..24u64 {
+        // SAFETY: `dev` outlives the waited-on future and nothing else touches it meanwhile.
+        let fut = unsafe { f.pread_device(dev.ptr(), len, 0) };
+        // From at once to well into the read, so cancels land before, during and after.
+        std::thread::sleep(std::time::Duration::from_micros(round * round * 40));
+        let asked = fut.cancel();
+        match fut.wait() {
+            Err(ferrio::Error::Cancelled) if asked => cancelled += 1,
+            Ok(n) if !asked => {
+                assert_eq!(n, len, "round {round}");
+                finished += 1;
+            }
+            other => panic!("round {round}: cancel said {asked}, the read ended {other:?}"),
+        }
+        dev.copy_from_host(0, &poison).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        dev.copy_to_host(0, &mut host).unwrap();
+        assert!(
+            host.iter().all(|&b| b == POISON),
+            "round {round}: a copy landed after the read's wait returned"
+        );
+        // SAFETY: as above.
+        let n = unsafe { f.pread_device(dev.ptr(), len, 0) }.wait().unwrap();
+        assert_eq!(n, len, "round {round}: the read after");
+        dev.copy_to_host(0, &mut host).unwrap();
+        assert!(
+            host == content,
+            "round {round}: wrong bytes in the read after"
+        );
+    }
+    println!("cancelled {cancelled}, finished before the cancel {finished}");
+    assert!(cancelled > 0, "no cancel took effect in 24 rounds");
+}
