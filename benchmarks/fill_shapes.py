@@ -128,8 +128,14 @@ def read_buffered(path, size, threads, piece):
 def read_populate(path, size, threads, chunk):
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     fd = os.open(path, os.O_RDONLY)
@@ -209,9 +215,19 @@ def main():
     size = os.path.getsize(args.path)
     disk = disk_of(args.path)
     q = f"/sys/block/{disk}/queue"
-    knobs = {k: read_text(f"{q}/{k}").strip() for k in
-             ("max_sectors_kb", "max_segments", "max_segment_size", "read_ahead_kb", "nr_requests",
-              "scheduler", "rotational") if os.path.exists(f"{q}/{k}")}
+    knobs = {
+        k: read_text(f"{q}/{k}").strip()
+        for k in (
+            "max_sectors_kb",
+            "max_segments",
+            "max_segment_size",
+            "read_ahead_kb",
+            "nr_requests",
+            "scheduler",
+            "rotational",
+        )
+        if os.path.exists(f"{q}/{k}")
+    }
     print(f"# {args.path}: {size / 2**30:.2f} GiB on {disk} {knobs}", flush=True)
     shapes = []
     for text in args.shapes.split(","):
@@ -229,19 +245,30 @@ def main():
             seconds = time.perf_counter() - t
             disk_seen = disk_summary(before, diskstats(disk))
             huge = (file_huge_kib() - huge0) * 1024 / size
-            again = float(subprocess.run([sys.executable, "-c", REREAD, args.path], check=True,
-                                         capture_output=True, text=True).stdout)
+            again = float(
+                subprocess.run(
+                    [sys.executable, "-c", REREAD, args.path],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+            )
             row = {"gib_s": size / seconds / 2**30, "again": again, "huge": huge, **disk_seen}
             results[text].append(row)
-            print(f"# round {r} {text}: {row['gib_s']:.2f} GiB/s, {disk_seen}, "
-                  f"huge folios {huge:.0%}, read again {again:.2f} GiB/s", flush=True)
+            print(
+                f"# round {r} {text}: {row['gib_s']:.2f} GiB/s, {disk_seen}, "
+                f"huge folios {huge:.0%}, read again {again:.2f} GiB/s",
+                flush=True,
+            )
     print(f"{'shape':24} {'GiB/s':>6} {'again':>6} {'huge':>5}  disk (medians)")
     for text, rows in results.items():
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         spread = ", ".join(f"{r['gib_s']:.2f}" for r in rows)
-        print(f"{text:24} {med['gib_s']:6.2f} {med['again']:6.2f} {med['huge']:5.0%}  "
-              f"{med['request_kib']:.0f} KiB requests, {med['in_flight']:.1f} in flight, "
-              f"{med['ms_each']:.2f} ms each  (rounds {spread})")
+        print(
+            f"{text:24} {med['gib_s']:6.2f} {med['again']:6.2f} {med['huge']:5.0%}  "
+            f"{med['request_kib']:.0f} KiB requests, {med['in_flight']:.1f} in flight, "
+            f"{med['ms_each']:.2f} ms each  (rounds {spread})"
+        )
 
 
 if __name__ == "__main__":
