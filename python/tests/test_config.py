@@ -81,6 +81,10 @@ def test_bad_values_name_setting_value_and_forms(restore_settings: None) -> None
         config.set(direct_read="maybe")
     with pytest.raises(ValueError, match="at least 1"):
         config.set(max_threads=0)
+    # Sizes near 2**64 once wrapped around in the plan: a read got a task of almost 2**64 bytes.
+    for huge in (2**64 - 1, 2**63, 2**50 + 1):
+        with pytest.raises(ValueError, match="at most 1PiB"):
+            config.set(task_size=huge)
     with pytest.raises(ValueError, match=r"unknown setting.*task_size"):
         config.get("no_such_setting")
     with pytest.raises(ValueError, match="task_size"):

@@ -686,8 +686,15 @@ fn size(v: &str, min: u64, too_small: &'static str) -> std::result::Result<u64, 
     if n < min {
         return Err(too_small);
     }
+    if n > MAX_SIZE {
+        return Err("at most 1PiB");
+    }
     Ok(n)
 }
+
+/// The largest size a setting takes (1 PiB): more than any machine's memory or file, and far
+/// enough from `u64::MAX` that offsets plus a setting's size never overflow.
+const MAX_SIZE: u64 = 1 << 50;
 
 /// A whole number of at least `min`; `too_small` is the message for a smaller one.
 fn count(v: &str, min: usize, too_small: &'static str) -> std::result::Result<usize, &'static str> {

@@ -53,10 +53,12 @@ pub fn split(offset: u64, len: usize, task_size: u64, align: u64) -> Vec<Task> {
     let mut tasks = Vec::with_capacity((len as u64 / step + 2) as usize);
     let mut pos = offset;
     // The first boundary: the aligned base of `offset` plus one step, so later ones are aligned.
+    // Saturating: a task size near `u64::MAX` (a `Settings` field set directly) plans one task
+    // to the end rather than wrapping around to a task of almost 2^64 bytes.
     let mut next = if task_size >= align {
-        align_down(offset, align) + step
+        align_down(offset, align).saturating_add(step)
     } else {
-        offset + step
+        offset.saturating_add(step)
     };
     while pos < end {
         let stop = next.min(end);
@@ -66,7 +68,7 @@ pub fn split(offset: u64, len: usize, task_size: u64, align: u64) -> Vec<Task> {
             buf_offset: (pos - offset) as usize,
         });
         pos = stop;
-        next = stop + step;
+        next = stop.saturating_add(step);
     }
     tasks
 }
@@ -139,9 +141,9 @@ pub fn split_guided(
         let size = (end - pos).div_ceil(parts.max(1)).clamp(min_task, max_task);
         let mut stop = if size >= align {
             // At least one alignment unit past `pos`, since `size >= align`.
-            align_down(pos + size, align)
+            align_down(pos.saturating_add(size), align)
         } else {
-            pos + size
+            pos.saturating_add(size)
         }
         .min(end);
         if end - stop < min_task && end - pos <= max_task {
@@ -160,6 +162,20 @@ pub fn split_guided(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_task_size_near_the_largest_number_plans_one_task_to_the_end() {
+        for task_size in [u64::MAX, u64::MAX - 4095, 1 << 63] {
+            for offset in [0, 4096, 16 << 20] {
+                let tasks = super::split(offset, 100, task_size, 4096);
+                assert_eq!(tasks.len(), 1, "{task_size} at {offset}");
+                assert_eq!((tasks[0].offset, tasks[0].len), (offset, 100));
+            }
+            let guided = super::split_guided(4096, 100, task_size, task_size, 4, 4096);
+            assert_eq!(guided.len(), 1);
+            assert_eq!(guided[0].len, 100);
+        }
+    }
+
     #[test]
     fn guided_tasks_shrink_to_the_floor_and_start_at_the_cap() {
         const MIB: u64 = 1 << 20;
