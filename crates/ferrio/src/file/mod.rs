@@ -155,10 +155,17 @@ struct Inner {
     /// Set when a direct call was refused after open (some FUSE file systems): from then on the
     /// file goes through the page cache only.
     direct_refused: AtomicBool,
-    /// Where appends go, for modes `a` and `a+`.
+    /// Where appends go, for modes `a` and `a+`, in the process that opened the file.
     appends: Mutex<Appends>,
-    /// Held by a buffered write to a local file while it runs (`File::pwrite_buffered`).
+    /// The same in a process forked from it (see [`File::appends`]): the parent's may have been
+    /// held, at the fork, by a thread the child does not have.
+    forked_appends: OnceLock<Mutex<Appends>>,
+    /// Held by a buffered write to a local file while it runs (`File::pwrite_buffered`), in the
+    /// process that opened the file only: a forked child may have inherited it held by a parent
+    /// thread that the child does not have, so there its writes do not take turns.
     buffered_write: Mutex<()>,
+    /// The process that opened the file ([`sys::process_id`]).
+    opened_by: u32,
     /// The pool found at open. In a process forked after the open it belongs to the parent and
     /// is never used: [`File::current_pool`] finds the child's own.
     opened_pool: &'static Arc<DevicePool>,
@@ -284,7 +291,9 @@ impl File {
                 direct,
                 direct_refused: AtomicBool::new(false),
                 appends: Mutex::new(Appends::default()),
+                forked_appends: OnceLock::new(),
                 buffered_write: Mutex::new(()),
+                opened_by: sys::process_id(),
                 opened_pool: pool,
                 local,
                 dev: data_dev,

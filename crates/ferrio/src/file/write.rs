@@ -75,7 +75,7 @@ impl File {
         if !self.inner.mode.appends() {
             return None;
         }
-        let mut appends = self.inner.appends.lock().unwrap_or_else(|p| p.into_inner());
+        let mut appends = self.appends().lock().unwrap_or_else(|p| p.into_inner());
         appends
             .running
             .retain(|c| c.upgrade().is_some_and(|c| !c.is_done()));
@@ -87,6 +87,17 @@ impl File {
             size.max(appends.end)
         };
         Some(AppendSlot { appends, offset })
+    }
+
+    /// This handle's appends in this process: a forked child starts from a state of its own
+    /// (the parent's appends still running are not the child's to wait for). A child of that
+    /// child shares it.
+    fn appends(&self) -> &std::sync::Mutex<Appends> {
+        if self.inner.opened_by == sys::process_id() {
+            &self.inner.appends
+        } else {
+            self.inner.forked_appends.get_or_init(Default::default)
+        }
     }
 
     /// Before a write is queued: measures the device's writes where the policy needs that to
@@ -301,11 +312,11 @@ impl File {
         // Local file systems let one buffered write of a file run at a time (the inode's lock),
         // and a writer waiting there spins while the holder runs: 3.5 CPU-s/GiB for a save of
         // many tensors on the H100 machine (a request per tensor, each with its own cap). Taking
-        // turns here first, the waiters sleep.
-        let _turn = self
-            .inner
-            .local
-            .then(|| self.inner.buffered_write.lock().unwrap_or_else(|p| p.into_inner()));
+        // turns here first, the waiters sleep (in the process that opened the file: see
+        // `Inner::buffered_write`).
+        let turns = self.inner.local && self.inner.opened_by == sys::process_id();
+        let _turn =
+            turns.then(|| self.inner.buffered_write.lock().unwrap_or_else(|p| p.into_inner()));
         // SAFETY: forwarded.
         unsafe { sys::pwrite_full(self.fd(), src, len, off) }
             .map_err(|e| self.err(Op::Write, off, len as u64, e))?;

@@ -162,3 +162,112 @@ fn inner_fork_and_read_in_the_child() {
     assert_eq!(buf, bytes[MIB..]);
     std::fs::write(passed, b"").expect("say the checks passed");
 }
+
+/// Runs the ignored test `inner` in a copy of this binary (so that only its threads are there at
+/// the fork) under a deadline, and checks that it ran and passed.
+fn run_inner(inner: &str) {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = disk_dir();
+    let passed = dir.path().join("passed");
+    let child = Command::new(exe)
+        .args([
+            inner,
+            "--exact",
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(INNER, &passed)
+        .spawn()
+        .expect("start a copy of the test binary");
+    let status =
+        wait_with_deadline(child, 2 * DEADLINE).unwrap_or_else(|e| panic!("the forking test: {e}"));
+    assert!(status.success(), "the forking test failed: {status}");
+    assert!(passed.exists(), "the forking test did not run");
+}
+
+#[test]
+fn a_forked_child_writes_while_the_parent_was_writing_at_the_fork() {
+    run_inner("it::fork::inner_fork_while_writing_and_write_in_the_child");
+}
+
+/// The parent writes and appends through one handle from other threads without pause, and
+/// forks again and again: each child writes and appends through the inherited handle and must
+/// end within 2 s (so 20 rounds stay inside the outer deadline): a lock that a parent thread
+/// held at the fork must not stop it.
+#[test]
+#[ignore = "run by a_forked_child_writes_while_the_parent_was_writing_at_the_fork"]
+fn inner_fork_while_writing_and_write_in_the_child() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let Some(passed) = std::env::var_os(INNER) else {
+        return;
+    };
+    let dir = disk_dir();
+    let s = super::common::settings(ferrio::DirectMode::Off, false, MIB as u64);
+    let file = ferrio::File::options()
+        .settings(s.clone())
+        .open(dir.path().join("w.bin"), "w+")
+        .expect("open");
+    let log = ferrio::File::options()
+        .settings(s)
+        .open(dir.path().join("log.bin"), "a")
+        .expect("open for appends");
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy: Vec<_> = (0..2)
+        .map(|i| {
+            let (file, log, stop) = (file.clone(), log.clone(), stop.clone());
+            let chunk = data(4 * MIB, 30 + i);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    file.write_at(&chunk, i * 4 * MIB as u64)
+                        .expect("parent write");
+                    log.write_at(&chunk[..64 << 10], 0).expect("parent append");
+                }
+            })
+        })
+        .collect();
+    let mut hung = 0;
+    for round in 0..20 {
+        std::thread::sleep(Duration::from_millis(5 + round % 7));
+        // SAFETY: the child only writes through ferrio and leaves with `_exit`, never returning
+        // into the test harness; the parent's other threads are ferrio's and this test's.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let ok = file.write_at(b"from the child", 0).is_ok()
+                && log.write_at(b"child's line\n", 0).is_ok();
+            // SAFETY: ends the child at once, running none of the parent's destructors.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let t0 = Instant::now();
+        let mut status = 0;
+        loop {
+            // SAFETY: `pid` is our child; `status` is writable.
+            if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                assert!(
+                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                    "round {round}: the child's writes failed ({status:#x})"
+                );
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(2) {
+                // SAFETY: `pid` is our child, not yet reaped.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                hung += 1;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in busy {
+        t.join().expect("a writer thread");
+    }
+    assert_eq!(hung, 0, "{hung} of 20 forked children hung in a write");
+    std::fs::write(passed, b"").expect("say the checks passed");
+}
