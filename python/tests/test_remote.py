@@ -545,6 +545,36 @@ def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     return client
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("AWS_ENDPOINT_URL", "localhost:9000"),
+        ("AWS_ENDPOINT_URL", ""),
+        ("AWS_ENDPOINT_URL", " http://127.0.0.1:9000"),
+        ("AWS_SESSION_TOKEN", "token\r"),
+        ("AWS_ACCESS_KEY_ID", "AKIA\n"),
+    ],
+)
+def test_a_store_variable_the_store_cannot_use_is_a_value_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    """object_store takes these at build time and panicked on the first request."""
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv(name, value)
+    for call in (
+        lambda: ferrio.open("s3://bucket/key"),
+        lambda: ferrio.open("s3://bucket/key", "w"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            call()
+
+
 def test_s3_whole_and_ranged_reads(s3: Any) -> None:
     data = remote_data((17 << 20) + 333, seed=2)
     s3.put_object(Bucket=s3.ferrio_bucket, Key="dir/w.bin", Body=data)

@@ -276,17 +276,54 @@ fn env_options(prefix: &str) -> Vec<(String, String)> {
 
 /// `builder` with every option whose key the store knows (`set` applies one), the rest skipped:
 /// the environment holds variables of other tools under the same prefix.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the variable, for a value the store would fail on in the
+/// middle of a request (see [`check_variable`]).
 fn configured<B, K: std::str::FromStr>(
     builder: B,
     options: Vec<(String, String)>,
     set: impl Fn(B, K, String) -> B,
-) -> B {
+) -> Result<B> {
     options
         .into_iter()
-        .fold(builder, |b, (k, v)| match k.parse::<K>() {
-            Ok(key) => set(b, key, v),
-            Err(_) => b,
+        .try_fold(builder, |b, (k, v)| match k.parse::<K>() {
+            Ok(key) => {
+                check_variable(&k, &v)?;
+                Ok(set(b, key, v))
+            }
+            Err(_) => Ok(b),
         })
+}
+
+/// Refuses a store variable's value that `object_store` takes at build time and then cannot
+/// make a request from (it panics there): an endpoint that is not an absolute `http(s)://` URL
+/// (`localhost:9000`, an empty value, a stray space), or a control character (a `\r` left by a
+/// file written on Windows) in any value, which would go into a header. `key` is the
+/// variable's lowercase name.
+fn check_variable(key: &str, value: &str) -> Result<()> {
+    let name = key.to_ascii_uppercase();
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
+        return Err(Error::InvalidArgument(format!(
+            "the variable {name} holds the control character {c:?}: remove it (a line ending \
+             copied with the value?)"
+        )));
+    }
+    let relative = key.ends_with("relative_uri");
+    let is_url = key.contains("endpoint") || key.ends_with("_url") || key.ends_with("_uri");
+    if is_url && !relative && !is_http_url(value) {
+        return Err(Error::InvalidArgument(format!(
+            "the variable {name}={value:?} is not an http(s) URL: write it as \
+             http://host:port or https://host"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `s` is, exactly as written, an absolute `http://` or `https://` URL with a host.
+fn is_http_url(s: &str) -> bool {
+    s.trim() == s
+        && Url::parse(s).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
 }
 
 /// Whether S3 requests should say `UNSIGNED-PAYLOAD` rather than sign a SHA-256 of each body,
@@ -401,7 +438,7 @@ fn build_new(loc: &Location, settings: &Settings) -> Result<Arc<dyn ObjectStore>
             let builder = AmazonS3Builder::new()
                 .with_client_options(client_options(settings, false))
                 .with_retry(retry_config(settings));
-            let builder = configured(builder, opts, |b, key, v| b.with_config(key, v));
+            let builder = configured(builder, opts, |b, key, v| b.with_config(key, v))?;
             Arc::new(builder.with_url(url).build().map_err(bad)?)
         }
         ObjectStoreScheme::GoogleCloudStorage => {
@@ -424,10 +461,14 @@ fn build_new(loc: &Location, settings: &Settings) -> Result<Arc<dyn ObjectStore>
             let builder = GoogleCloudStorageBuilder::new()
                 .with_client_options(client_options(settings, false))
                 .with_retry(retry_config(settings));
-            let builder = configured(builder, opts, |b, key, v| b.with_config(key, v));
+            let builder = configured(builder, opts, |b, key, v| b.with_config(key, v))?;
             Arc::new(builder.with_url(url).build().map_err(bad)?)
         }
         ObjectStoreScheme::MicrosoftAzure => {
+            // The emulator's endpoint, which object_store reads from the environment itself.
+            for (k, v) in env_options("AZURITE_BLOB_STORAGE_URL") {
+                check_variable(&k, &v)?;
+            }
             let mut opts = env_options("AZURE_");
             let signed = [
                 "azure_storage_account_key",
@@ -449,7 +490,7 @@ fn build_new(loc: &Location, settings: &Settings) -> Result<Arc<dyn ObjectStore>
                 .with_client_options(client_options(settings, false))
                 .with_http_connector(AzureConnector)
                 .with_retry(retry_config(settings));
-            let builder = configured(builder, opts, |b, key, v| b.with_config(key, v));
+            let builder = configured(builder, opts, |b, key, v| b.with_config(key, v))?;
             Arc::new(builder.with_url(url).build().map_err(bad)?)
         }
         _ => {
