@@ -107,11 +107,14 @@ impl Source {
 fn base_name(src: &End) -> Result<String> {
     let name = match src {
         End::Local(p) => p.file_name().and_then(|n| n.to_str()).map(str::to_string),
+        // The key's own name: a URL percent-encodes it (`h%23x.bin` names `h#x.bin`), and a
+        // file or a key named after it takes it decoded, as a tree's entries are.
         End::Url(u) => u
             .trim_end_matches('/')
             .rsplit('/')
             .next()
-            .map(str::to_string),
+            .and_then(|last| object_store::path::Path::from_url_path(last).ok())
+            .map(|key| key.to_string()),
     };
     name.filter(|n| remote::is_plain_name(n)).ok_or_else(|| {
         Error::InvalidArgument(format!("{}: no file name to copy to", src.name().display()))
@@ -868,4 +871,20 @@ fn download(src: &RemoteFile, dst: &Path, progress: &CopyProgress) -> Result<()>
     })?;
     drop(file);
     temp.commit(dst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{base_name, End};
+
+    #[test]
+    fn a_url_names_its_copy_by_the_key_decoded() {
+        let name = |u: &str| base_name(&End::Url(u.into()));
+        assert_eq!(name("s3://b/src/h%23x.bin").unwrap(), "h#x.bin");
+        assert_eq!(name("s3://b/src/%C3%BC.bin").unwrap(), "ü.bin");
+        assert_eq!(name("s3://b/sp%20ace/").unwrap(), "sp ace");
+        assert_eq!(name("https://h/d/plain.bin").unwrap(), "plain.bin");
+        // A name that decodes to a path is no file name.
+        assert!(name("s3://b/a%2Fb").is_err());
+    }
 }
