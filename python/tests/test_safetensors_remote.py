@@ -14,6 +14,7 @@ import http.server
 import json
 import os
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ class _Files(http.server.BaseHTTPRequestHandler):
         pass
 
     def _file(self) -> bytes | None:
-        p = self.root / self.path.lstrip("/")
+        p = self.root / urllib.parse.unquote(self.path.lstrip("/"))
         return p.read_bytes() if p.is_file() else None
 
     def _head(
@@ -165,6 +166,32 @@ def test_http_sharded_index_loads_every_shard(http_base: str, checkpoint_dir: Pa
     _same(fst.load_file(f"{http_base}/{index}"), fst.load_file(str(checkpoint_dir / index)))
     shard_urls = [f"{http_base}/s-1.safetensors", f"{http_base}/s-2.safetensors"]
     _same(fst.load_file(shard_urls), _tensors(2))
+
+
+def test_shards_named_with_url_characters_load_through_a_remote_index(
+    http_base: str, checkpoint_dir: Path
+) -> None:
+    """An index names its shards as files; the loader percent-encodes them into the URL."""
+    shards = _tensors(2)
+    names = sorted(shards)
+    files = ["s#1 ü.safetensors", "s%41.safetensors"]
+    for file, part in zip(files, (names[:3], names[3:]), strict=True):
+        st_numpy.save_file({n: shards[n] for n in part}, str(checkpoint_dir / file))
+    weight_map = {n: files[0] if n in names[:3] else files[1] for n in names}
+    index = checkpoint_dir / "odd.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": weight_map}))
+    _same(fst.load_file(f"{http_base}/odd.safetensors.index.json"), _tensors(2))
+
+
+def test_save_file_to_a_url_is_a_value_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URL is not a local path to write: refused, and no `s3:` directory is written into."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s3:" / "bucket").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"ferrio\.copy"):
+        fst.save_file(_tensors(1), "s3://bucket/model.safetensors")
+    assert list((tmp_path / "s3:" / "bucket").iterdir()) == []
 
 
 def test_url_errors_name_the_url(http_base: str, checkpoint_dir: Path) -> None:

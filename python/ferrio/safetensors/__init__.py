@@ -44,6 +44,7 @@ import json
 import numbers
 import os
 import stat
+import urllib.parse
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -171,14 +172,23 @@ def _shard_files(
                     f"index {p}: tensor {name!r} is mapped to {shard!r}, which is not a file "
                     "beside the index (shards are named relative to its directory, without '..')"
                 )
-        if remote:  # shards are objects beside the index
+        if remote:  # shards are objects beside the index, named in the URL percent-encoded
             base = p.rsplit("/", 1)[0]
-            mapped = {k: f"{base}/{v}" for k, v in weight_map.items()}
+            mapped = {k: f"{base}/{_url_part(v)}" for k, v in weight_map.items()}
         else:
             base = os.path.dirname(p)
             mapped = {k: os.path.join(base, v) for k, v in weight_map.items()}
         return sorted(set(mapped.values())), mapped
     return [p], None
+
+
+def _url_part(name: str) -> str:
+    """`name`, a shard's file name in an index ('/' between directories), as a URL names it.
+
+    Every byte that does not stand for itself is percent-encoded (`model#1.safetensors` is the
+    object `model%231.safetensors`), as ferrio encodes the keys of a listing.
+    """
+    return urllib.parse.quote(name, safe="/!$&'()*+,;=:@~")
 
 
 class _Checkpoint:
@@ -803,6 +813,11 @@ def save_file(
     a regular file: a directory, FIFO or device raises ``OSError`` before anything is written.
     Tensors must not be modified while the call runs.
     """
+    if is_remote_url(os.fsdecode(os.fspath(filename))):
+        raise ValueError(
+            f"save_file writes a local file, not {os.fsdecode(os.fspath(filename))!r}: save it "
+            "locally, then upload it with ferrio.copy(path, url)"
+        )
     header, parts = _prepare(tensors, metadata)
     target = _save_target(filename)
     suffix = f".ferrio-tmp-{os.getpid()}-{next(_save_ids)}"
