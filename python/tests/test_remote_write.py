@@ -468,7 +468,8 @@ def test_an_abort_that_never_answers_fails_in_time(s3: Any) -> None:
     assert len(_uploads(s3)) == 1
     assert _get(s3, "abort-stalled.bin") is None
 
-    # A part that fails while the abort cannot be made: the part's error is the one raised.
+    # A part that fails while the abort cannot be made: the part's error is the one raised,
+    # and it says that the parts uploaded stay stored.
     s3.faults.fail_parts = True
     with ferrio.config.set(**FAST_FAIL):
         w = ferrio.open_url(url, "w", range_size="5MiB", concurrency=1)
@@ -477,6 +478,7 @@ def test_an_abort_that_never_answers_fails_in_time(s3: Any) -> None:
         in_thread(lambda: w.write(remote_data(3 * PART, seed=42)))
     assert time.monotonic() - started < FAST_FAIL_S
     assert not isinstance(e.value, TimeoutError) and "500" in str(e.value)
+    assert "aborting the upload failed too" in str(e.value), e.value
     assert _get(s3, "abort-stalled.bin") is None
 
 
