@@ -534,6 +534,28 @@ def test_a_completion_never_done_is_an_error_despite_an_object_of_that_size(s3: 
     assert _uploads(s3) == []
 
 
+def test_a_small_put_done_but_every_answer_lost_says_the_outcome_is_unknown(s3: Any) -> None:
+    # An object of one part goes up in one PUT. The store made it, but no answer came back:
+    # with no ETag known from before, the error must not claim that the old object is intact.
+    data = remote_data(1000, seed=49)
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="put-lost.bin", Body=remote_data(1000, seed=9))
+    s3.faults.lose_answer["PutObject"] = 100
+    url = f"s3://{s3.ferrio_bucket}/put-lost.bin"
+    with ferrio.config.set(**FAST_FAIL), pytest.raises(OSError) as e:
+        in_thread(lambda: write_all(url, data))
+    assert e.value.filename == url
+    assert "whether this upload's object now exists is unknown" in str(e.value), e.value
+    assert _get(s3, "put-lost.bin") == data
+    # Of another size than what was there, the object found is not this write's: the error
+    # stands as it is.
+    s3.faults.lose_answer.clear()
+    s3.faults.drop["PutObject"] = 100
+    with ferrio.config.set(**FAST_FAIL), pytest.raises(OSError) as e:
+        in_thread(lambda: write_all(url, remote_data(10, seed=50)))
+    assert "unknown" not in str(e.value), e.value
+    assert _get(s3, "put-lost.bin") == data
+
+
 def test_a_completion_always_refused_leaves_nothing(s3: Any) -> None:
     s3.faults.answer["CompleteMultipartUpload"] = [503] * 10
     url = f"s3://{s3.ferrio_bucket}/complete-refused.bin"

@@ -490,8 +490,16 @@ impl RemoteWriter {
         let last = std::mem::take(&mut self.pending);
         if self.upload.is_none() {
             let (store, path) = (self.store.clone(), self.path.clone());
-            self.block_on(async move { store.put(&path, PutPayload::from(last)).await })?;
-            return Ok(());
+            let put = async move { store.put(&path, PutPayload::from(last)).await };
+            let cancelled = || self.is_cancelled();
+            return match self
+                .handle
+                .block_on(runtime::unless_cancelled(put, cancelled))
+            {
+                None => Err(Error::Cancelled),
+                Some(Ok(_)) => Ok(()),
+                Some(Err(e)) => self.outcome_of_failed(e),
+            };
         }
         if !last.is_empty() {
             self.send_part(last)?;
@@ -509,21 +517,27 @@ impl RemoteWriter {
         result
     }
 
-    /// Completes the multipart upload. A completion that failed with its outcome open (no
-    /// answer, a 5xx to the last retry, the upload not found when asked again: the store may
-    /// have completed the object and lost every answer) is checked with a `HEAD`
-    /// ([`RemoteWriter::completed_anyway`]); a refusal (denied, a failed precondition) is not.
+    /// Completes the multipart upload; a failure is told apart as
+    /// [`RemoteWriter::outcome_of_failed`] says.
     fn finish(&mut self, upload: &mut Box<dyn MultipartUpload>) -> Result<()> {
-        use object_store::Error as E;
         let cancelled = || self.is_cancelled();
-        let error = match self
+        match self
             .handle
             .block_on(runtime::unless_cancelled(upload.complete(), cancelled))
         {
-            None => return Err(Error::Cancelled),
-            Some(Ok(_)) => return Ok(()),
-            Some(Err(e)) => e,
-        };
+            None => Err(Error::Cancelled),
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => self.outcome_of_failed(e),
+        }
+    }
+
+    /// The outcome of the request that should have made the object (a completion, or the one
+    /// `PUT` of a small object) when it failed with `error`: a refusal (denied, a failed
+    /// precondition) is that error; an outcome left open (no answer, a 5xx to the last retry,
+    /// the upload not found when asked again: the store may have made the object and lost every
+    /// answer) is checked with a `HEAD` ([`RemoteWriter::completed_anyway`]).
+    fn outcome_of_failed(&mut self, error: object_store::Error) -> Result<()> {
+        use object_store::Error as E;
         let refused = matches!(
             error,
             E::PermissionDenied { .. }
