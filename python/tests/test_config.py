@@ -81,6 +81,9 @@ def test_bad_values_name_setting_value_and_forms(restore_settings: None) -> None
         config.set(direct_read="maybe")
     with pytest.raises(ValueError, match="at least 1"):
         config.set(max_threads=0)
+    # A bool given to a size is named as given, not as the "on" it once became.
+    with pytest.raises(ValueError, match='invalid value "True" for task_size'):
+        config.set(task_size=True)
     # Sizes near 2**64 once wrapped around in the plan: a read got a task of almost 2**64 bytes.
     for huge in (2**64 - 1, 2**63, 2**50 + 1):
         with pytest.raises(ValueError, match="at most 1PiB"):

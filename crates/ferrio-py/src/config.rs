@@ -20,7 +20,7 @@ use crate::errors::to_pyerr;
 static CHANGE: Mutex<()> = Mutex::new(());
 
 /// A setting's value as Python gives it (`int`, `bool` or `str`), as the text the library's
-/// parser reads: `4194304`, `on`, `"4MiB"`, `"auto"`.
+/// parser reads: `4194304`, `True`, `"4MiB"`, `"auto"`.
 pub(crate) struct SettingText(pub(crate) String);
 
 impl<'a, 'py> FromPyObject<'a, 'py> for SettingText {
@@ -28,7 +28,11 @@ impl<'a, 'py> FromPyObject<'a, 'py> for SettingText {
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         if let Ok(b) = obj.cast::<PyBool>() {
-            return Ok(SettingText(if b.is_true() { "on" } else { "off" }.into()));
+            // As Python writes it, which the on/off parsers read (any case), so that a bool given
+            // to a size or a count is named as given in the error: `invalid value "True"`.
+            return Ok(SettingText(
+                if b.is_true() { "True" } else { "False" }.into(),
+            ));
         }
         if obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyString>() {
             return Ok(SettingText(obj.str()?.to_str()?.to_string()));
