@@ -82,7 +82,12 @@ class File:
     def read(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> int:
         """Read into `buf` in parallel and wait; returns the bytes read."""
     def write(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> int:
-        """Write from `buf` in parallel and wait; returns the bytes written."""
+        """Write from `buf` in parallel and wait; returns the bytes written.
+
+        In modes ``a``/``a+`` the write goes to the end of the file as it is when it starts,
+        after this handle's writes still running; unlike ``O_APPEND``, other handles or
+        processes appending at the same time may write over it.
+        """
     def pread(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> IOFuture:
         """Start a read into `buf` and return its future at once."""
     def pwrite(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> IOFuture:

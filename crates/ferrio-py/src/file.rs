@@ -255,8 +255,10 @@ impl File {
         self.start(Direction::Read, buf, size, offset)?.0.wait(py)
     }
 
-    /// Writes `size` bytes (default: all) from the start of `buf` at `offset`, in parallel (at
-    /// the end of the file in modes `a`/`a+`), and returns the number written.
+    /// Writes `size` bytes (default: all) from the start of `buf` at `offset`, in parallel, and
+    /// returns the number written. In modes `a`/`a+` the write goes to the end of the file as it
+    /// is when the write starts (after this handle's writes still running); unlike `O_APPEND`,
+    /// other handles or processes appending at the same time may write over it.
     #[pyo3(signature = (buf, size=None, offset=0))]
     fn write(
         &self,

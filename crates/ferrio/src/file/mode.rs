@@ -20,8 +20,10 @@ pub enum Mode {
     ///
     /// Each write goes to the end of the file as it is when the write starts, as with
     /// `O_APPEND`: after what other handles and processes appended, at the new end after a
-    /// truncation, and after this handle's own writes still running. Unlike `O_APPEND`, two
-    /// handles that start appends at the same instant may both take the same end.
+    /// truncation, and after this handle's own writes still running. Unlike `O_APPEND`, the
+    /// end is not reserved in the kernel: until a write's bytes are there, another handle or
+    /// process appending to the file finds the old end and writes over them. Appenders share
+    /// one handle (or write files of their own).
     Append,
     /// `a+`: read anywhere, write at the end (as [`Mode::Append`]); created if missing.
     AppendRead,
