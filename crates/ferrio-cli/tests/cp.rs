@@ -602,3 +602,36 @@ fn a_read_only_file_system_is_named_as_such_and_its_file_kept() {
     assert_eq!(w.status.code(), Some(2), "{err}");
     assert!(err.contains("read-only file system"), "{err}");
 }
+
+/// A destination URL no copy could write to is bad input, said once before the tree is walked
+/// (not once per file, with exit 1).
+#[test]
+fn a_destination_url_that_cannot_be_written_fails_once_up_front() {
+    let dir = tmp();
+    let tree = dir.path().join("t");
+    fs::create_dir(&tree).unwrap();
+    for i in 0..5 {
+        fs::write(tree.join(format!("f{i}")), b"x").unwrap();
+    }
+    for (dest, says) in [
+        ("https://127.0.0.1:9/p/", "read-only"),
+        ("s3://", "bad object URL"),
+        ("s3://bucket/a?b/", "percent-encode"),
+    ] {
+        let o = ferrio()
+            .args(["cp", "-r"])
+            .arg(&tree)
+            .arg(dest)
+            .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+            .output()
+            .expect("run ferrio");
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{dest}: {err}");
+        assert!(err.contains(says), "{dest}: {err}");
+        assert_eq!(
+            err.lines().count(),
+            1,
+            "{dest}: one error, not one per file: {err}"
+        );
+    }
+}

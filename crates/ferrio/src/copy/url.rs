@@ -275,6 +275,11 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
     let settings = options.settings.clone().unwrap_or_else(Settings::current);
     let progress = options.progress.clone().unwrap_or_default();
     let dest_end = End::of(dest);
+    // A destination no copy could write to fails once, before any source is walked or opened
+    // (a tree of many files would otherwise fail file by file).
+    if let End::Url(u) = &dest_end {
+        remote::check_writable(u, &settings)?;
+    }
     let many = sources.len() > 1;
     let mut jobs = Vec::new();
     let mut report = CopyReport::default();

@@ -54,6 +54,7 @@ pub(crate) use list::{as_prefix, can_list, encode_key_part, is_plain_name, list_
 pub use list::{list_prefix, ListedObject};
 pub use runtime::{reserve_sockets, reserve_sockets_soon};
 pub use store::{is_remote_url, unsupported_url_scheme};
+pub(crate) use write::check_writable;
 pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MAX_PARTS, MIN_PART_SIZE};
 
 /// How long a GET with nothing to take waits before it looks again for a range in flight worth

@@ -161,11 +161,7 @@ impl RemoteWriter {
     /// As for [`RemoteWriter::create`].
     pub fn create_with(url: &str, settings: Settings) -> Result<RemoteWriter> {
         let location = store::parse(url)?;
-        if location.scheme == ObjectStoreScheme::Http {
-            return Err(Error::InvalidArgument(format!(
-                "{url}: http(s) URLs are read-only; write to s3://, gs:// or az://"
-            )));
-        }
+        refuse_read_only(url, &location)?;
         let store = store::build_with(&location, &settings)?;
         let first_part_size = usize::try_from(settings.remote_range_size)
             .unwrap_or(usize::MAX)
@@ -676,6 +672,28 @@ impl RemoteWriter {
         });
         aborted.map_err(|e| self.error(self.written, 0, store::io_error(e)))
     }
+}
+
+/// An `http(s)://` URL names no store ferrio can write to.
+fn refuse_read_only(url: &str, location: &store::Location) -> Result<()> {
+    if location.scheme == ObjectStoreScheme::Http {
+        return Err(Error::InvalidArgument(format!(
+            "{url}: http(s) URLs are read-only; write to s3://, gs:// or az://"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether objects can be written at or under `url` (an object's URL, or a prefix ending in
+/// `/`): a URL that parses, of a store that takes writes, built from the environment as a
+/// writer's would be. A copy checks its destination once so, before it walks its sources.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the URL (or the store variable) and what is wrong.
+pub(crate) fn check_writable(url: &str, settings: &Settings) -> Result<()> {
+    let location = store::parse_prefix(url)?;
+    refuse_read_only(url, &location)?;
+    store::build_with(&location, settings).map(drop)
 }
 
 impl Drop for RemoteWriter {
