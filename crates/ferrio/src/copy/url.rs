@@ -650,7 +650,7 @@ fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<Copi
                 let _ = writer.abort();
                 return Err(e);
             }
-            writer.close().map(|_| ())
+            close_counted(writer, progress)
         }
         (Source::Remote(src), End::Local(dst)) => download(src, dst, progress),
         (Source::Remote(src), End::Url(dst)) => {
@@ -664,7 +664,7 @@ fn copy_one(job: &Job, plan: &Plan, progress: &Arc<CopyProgress>) -> Result<Copi
             let name = Path::new(src.url());
             pump(src.len(), window, &mut writer, progress, name, read)?;
             // Its reads are pinned to the version opened: it cannot change under the copy.
-            writer.close().map(|_| ())
+            close_counted(writer, progress)
         }
         _ => Err(mixed()),
     }
@@ -716,10 +716,20 @@ fn pump(
             writer.abort()?;
             return Err(super::data::shrank(source, offset));
         }
+        let stored = writer.stored();
         writer.write(&buf[..n])?;
-        progress.add_bytes(n as u64);
+        // Progress is what the store has taken, not what waits in the writer's parts.
+        progress.add_bytes(writer.stored() - stored);
         offset += n as u64;
     }
+    Ok(())
+}
+
+/// Completes the upload `writer` fed by [`pump`] and counts the bytes the store took with it.
+fn close_counted(mut writer: RemoteWriter, progress: &CopyProgress) -> Result<()> {
+    let stored = writer.stored();
+    writer.close()?;
+    progress.add_bytes(writer.stored() - stored);
     Ok(())
 }
 

@@ -11,6 +11,7 @@
 //!
 //! Also the server-side copy of an object within one store ([`copy_in_store`]).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -99,6 +100,10 @@ pub struct RemoteWriter {
     found: Option<tokio::task::JoinHandle<object_store::Result<ObjectMeta>>>,
     /// Parts in flight.
     parts: JoinSet<object_store::Result<()>>,
+    /// The sizes of the parts in flight, in the order sent.
+    part_sizes: VecDeque<u64>,
+    /// Bytes the store has acknowledged (see [`RemoteWriter::stored`]).
+    stored: u64,
     written: u64,
     state: State,
     cancelled: Arc<AtomicBool>,
@@ -179,6 +184,8 @@ impl RemoteWriter {
             upload: None,
             found: None,
             parts: JoinSet::new(),
+            part_sizes: VecDeque::new(),
+            stored: 0,
             written: 0,
             state: State::Open,
             cancelled: Arc::new(AtomicBool::new(false)),
@@ -200,6 +207,14 @@ impl RemoteWriter {
     /// Bytes written so far (the object's size once closed).
     pub fn written(&self) -> u64 {
         self.written
+    }
+
+    /// Bytes the store has acknowledged so far, for progress: the parts whose uploads were
+    /// seen to finish (counted in the order sent, as parts of one size finish in any order),
+    /// and every byte once closed. Bytes buffered or in flight are in [`RemoteWriter::written`]
+    /// only.
+    pub fn stored(&self) -> u64 {
+        self.stored
     }
 
     /// Bytes of the part being filled: [`Settings::remote_range_size`] for the first 1,000
@@ -434,6 +449,7 @@ impl RemoteWriter {
             most: self.parts_in_flight() + 1,
         });
         if let Some(upload) = self.upload.as_mut() {
+            self.part_sizes.push_back(part.len() as u64);
             let put = upload.put_part(PutPayload::from(part));
             self.parts.spawn_on(put, &self.handle);
         }
@@ -457,6 +473,7 @@ impl RemoteWriter {
             });
             self.parts = parts;
             joined?;
+            self.stored += self.part_sizes.pop_front().unwrap_or(0);
         }
         Ok(())
     }
@@ -477,6 +494,7 @@ impl RemoteWriter {
         self.check_open()?;
         let done = self.complete();
         self.or_abort(done)?;
+        self.stored = self.written;
         self.state = State::Closed;
         self.device_ring = None;
         Ok(self.written)
@@ -970,6 +988,8 @@ mod tests {
             upload: None,
             found: None,
             parts: JoinSet::new(),
+            part_sizes: VecDeque::new(),
+            stored: 0,
             written: 0,
             state: State::Open,
             cancelled: Arc::new(AtomicBool::new(false)),
@@ -1011,6 +1031,28 @@ mod tests {
             assert_eq!(w.close().unwrap(), n as u64);
             assert_eq!(read(&store).as_deref(), Some(&want[..]), "{n} bytes");
         }
+    }
+
+    #[test]
+    fn stored_counts_the_parts_the_store_took_then_everything_once_closed() {
+        const PART: usize = 1000;
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let mut w = writer(store.clone(), PART, 2);
+        let want = data(10 * PART + 7);
+        let mut seen = Vec::new();
+        for piece in want.chunks(PART) {
+            w.write(piece).unwrap();
+            seen.push(w.stored());
+        }
+        // Never more than was written, never backwards, and parts still in flight (at most 2)
+        // or being filled are not counted.
+        assert!(seen.windows(2).all(|p| p[0] <= p[1]), "{seen:?}");
+        assert!(seen.iter().all(|&s| s as usize % PART == 0), "{seen:?}");
+        let last = *seen.last().unwrap();
+        assert!(last < w.written() && last >= (8 * PART) as u64, "{seen:?}");
+        assert_eq!(seen[0], 0, "the first part is not in yet");
+        assert_eq!(w.close().unwrap(), want.len() as u64);
+        assert_eq!(w.stored(), want.len() as u64);
     }
 
     #[test]
