@@ -665,6 +665,8 @@ def test_write_to_missing_bucket_is_file_not_found(s3: Any) -> None:
     with pytest.raises(FileNotFoundError) as e, ferrio.open(url, "w") as w:
         w.write(b"hello")
     assert e.value.filename == url
+    # What is missing is the bucket: no object needs to exist for a write.
+    assert "no such bucket" in str(e.value), e.value
 
 
 def test_http_urls_and_bad_modes_are_refused() -> None:

@@ -256,6 +256,13 @@ impl RemoteWriter {
     }
 
     fn error(&self, offset: u64, len: u64, source: std::io::Error) -> Error {
+        // A write needs no object to exist: what a store did not find is the bucket (or the
+        // container) to put it in.
+        let source = if source.kind() == std::io::ErrorKind::NotFound {
+            std::io::Error::new(source.kind(), "no such bucket or container to write into")
+        } else {
+            source
+        };
         Error::Io {
             op: Op::Write,
             path: self.url.as_ref().into(),
