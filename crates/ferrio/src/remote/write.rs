@@ -636,37 +636,23 @@ impl RemoteWriter {
 
     /// On an error, aborts the upload and passes the error on.
     fn or_abort<T>(&mut self, result: Result<T>) -> Result<T> {
-        let Err(error) = result else {
+        let Err(mut error) = result else {
             return result;
         };
         // The error that stopped the write comes first; a failed clean-up is added to it, since
         // the parts already uploaded then stay stored (and billed).
-        let Err(Error::Io { source: failed, .. }) = self.abort() else {
-            return Err(error);
-        };
-        Err(match error {
-            Error::Io {
-                op,
-                path,
-                offset,
-                len,
-                source,
-            } => Error::Io {
-                op,
-                path,
-                offset,
-                len,
-                source: std::io::Error::new(
-                    source.kind(),
-                    format!(
-                        "{source}; aborting the upload failed too ({failed}): its parts stay \
-                         stored until removed (the store's list of multipart uploads, or a \
-                         lifecycle rule)"
-                    ),
+        if let (Err(Error::Io { source: failed, .. }), Error::Io { source, .. }) =
+            (self.abort(), &mut error)
+        {
+            *source = std::io::Error::new(
+                source.kind(),
+                format!(
+                    "{source}; aborting the upload failed too ({failed}): its parts stay stored \
+                     until removed (the store's list of multipart uploads, or a lifecycle rule)"
                 ),
-            },
-            other => other,
-        })
+            );
+        }
+        Err(error)
     }
 
     /// Abandons the object: parts in flight are dropped and the upload aborted, so nothing is

@@ -43,24 +43,7 @@ fn wait_with_deadline(
 
 #[test]
 fn a_forked_child_reads_through_its_own_pools() {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let dir = disk_dir();
-    let passed = dir.path().join("passed");
-    let child = Command::new(exe)
-        .args([
-            "it::fork::inner_fork_and_read_in_the_child",
-            "--exact",
-            "--ignored",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .env(INNER, &passed)
-        .spawn()
-        .expect("start a copy of the test binary");
-    let status =
-        wait_with_deadline(child, 2 * DEADLINE).unwrap_or_else(|e| panic!("the forking test: {e}"));
-    assert!(status.success(), "the forking test failed: {status}");
-    assert!(passed.exists(), "the forking test did not run");
+    run_inner("it::fork::inner_fork_and_read_in_the_child");
 }
 
 /// What the forked child checks; returns the exit code (0: all well).
