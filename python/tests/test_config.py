@@ -86,7 +86,7 @@ def test_bad_values_name_setting_value_and_forms(restore_settings: None) -> None
         config.set(task_size=True)
     # Sizes near 2**64 once wrapped around in the plan: a read got a task of almost 2**64 bytes.
     for huge in (2**64 - 1, 2**63, 2**50 + 1):
-        with pytest.raises(ValueError, match="at most 1PiB"):
+        with pytest.raises(ValueError, match="at most 1024TiB"):
             config.set(task_size=huge)
     with pytest.raises(ValueError, match=r"unknown setting.*task_size"):
         config.get("no_such_setting")

@@ -821,6 +821,24 @@ def _keys(s3: Any, prefix: str) -> list[str]:
     return sorted(o["Key"] for o in listed.get("Contents", []))
 
 
+def test_copy_names_keys_and_files_as_the_user_means(s3: Any, tmp_path: Path) -> None:
+    # A bucket without its '/' is the bucket's root, as `aws s3 cp` takes it.
+    (tmp_path / "up.bin").write_bytes(b"up")
+    in_thread(lambda: ferrio.copy(tmp_path / "up.bin", f"s3://{s3.ferrio_bucket}"))
+    assert _get(s3, "up.bin") == b"up"
+    # A key written percent-encoded is copied under its own last name, decoded.
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="d/h#x ü.bin", Body=b"h")
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="t/q?x.bin", Body=b"q")
+    down = tmp_path / "down"
+    down.mkdir()
+    for url in ("d/h%23x%20%C3%BC.bin", "t%2Fq%3Fx.bin"):
+        in_thread(lambda u=url: ferrio.copy(f"s3://{s3.ferrio_bucket}/{u}", down))
+        url_copy = f"s3://{s3.ferrio_bucket}/{url}"
+        in_thread(lambda u=url_copy: ferrio.copy(u, f"s3://{s3.ferrio_bucket}/copies/"))
+    assert sorted(p.name for p in down.iterdir()) == ["h#x ü.bin", "q?x.bin"]
+    assert _keys(s3, "copies/") == ["copies/h#x ü.bin", "copies/q?x.bin"]
+
+
 def test_copy_tree_up_and_down(s3: Any, tmp_path: Path) -> None:
     src = tmp_path / "tree"
     files = make_tree(src)

@@ -687,12 +687,12 @@ fn size(v: &str, min: u64, too_small: &'static str) -> std::result::Result<u64, 
         return Err(too_small);
     }
     if n > MAX_SIZE {
-        return Err("at most 1PiB");
+        return Err("at most 1024TiB");
     }
     Ok(n)
 }
 
-/// The largest size a setting takes (1 PiB): more than any machine's memory or file, and far
+/// The largest size a setting takes (1 PiB, written 1024TiB): more than any machine's memory or file, and far
 /// enough from `u64::MAX` that offsets plus a setting's size never overflow.
 const MAX_SIZE: u64 = 1 << 50;
 

@@ -107,14 +107,15 @@ impl Source {
 fn base_name(src: &End) -> Result<String> {
     let name = match src {
         End::Local(p) => p.file_name().and_then(|n| n.to_str()).map(str::to_string),
-        // The key's own name: a URL percent-encodes it (`h%23x.bin` names `h#x.bin`), and a
-        // file or a key named after it takes it decoded, as a tree's entries are.
+        // The key's own last name: a URL percent-encodes it (`h%23x.bin` names `h#x.bin`,
+        // `t%2Fq.bin` the key `t/q.bin`), and a file or a key named after it takes it decoded,
+        // as a tree's entries are.
         End::Url(u) => u
             .trim_end_matches('/')
             .rsplit('/')
             .next()
             .and_then(|last| object_store::path::Path::from_url_path(last).ok())
-            .map(|key| key.to_string()),
+            .and_then(|key| key.as_ref().rsplit('/').next().map(str::to_string)),
     };
     name.filter(|n| remote::is_plain_name(n)).ok_or_else(|| {
         Error::InvalidArgument(format!("{}: no file name to copy to", src.name().display()))
@@ -399,9 +400,13 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
             }
         };
         let dst = match &dest_end {
-            End::Url(u) if u.ends_with('/') => {
-                End::Url(format!("{u}{}", remote::encode_key_part(&base_name(&src)?)))
-            }
+            // A prefix, or a bucket's root written without its '/' (`s3://bucket`, as `aws s3
+            // cp` takes it).
+            End::Url(u) if u.ends_with('/') || remote::names_a_store_only(u) => End::Url(format!(
+                "{}{}",
+                remote::as_prefix(u),
+                remote::encode_key_part(&base_name(&src)?)
+            )),
             End::Url(u) if many => {
                 return Err(Error::InvalidArgument(format!(
                     "copying several sources needs a destination prefix ending in '/', not {u}"
@@ -899,7 +904,8 @@ mod tests {
         assert_eq!(name("s3://b/src/%C3%BC.bin").unwrap(), "ü.bin");
         assert_eq!(name("s3://b/sp%20ace/").unwrap(), "sp ace");
         assert_eq!(name("https://h/d/plain.bin").unwrap(), "plain.bin");
-        // A name that decodes to a path is no file name.
-        assert!(name("s3://b/a%2Fb").is_err());
+        // A '/' written as %2F is part of the key: the copy takes its last name.
+        assert_eq!(name("s3://b/t%2Fq%3Fx.bin").unwrap(), "q?x.bin");
+        assert!(name("s3://b/..").is_err());
     }
 }

@@ -59,6 +59,14 @@ pub(crate) fn encode_key_part(part: &str) -> String {
 }
 
 /// `url` ending in exactly one `/`, as a prefix that relative keys are appended to.
+/// Whether `url` names a bucket or container and no key in it (`s3://bucket`, `az://container`):
+/// a copy's destination then means the store's root, as `s3://bucket/` does.
+pub(crate) fn names_a_store_only(url: &str) -> bool {
+    super::store::parse_prefix(url).is_ok_and(|loc| {
+        loc.scheme != object_store::ObjectStoreScheme::Http && loc.path.as_ref().is_empty()
+    })
+}
+
 pub(crate) fn as_prefix(url: &str) -> String {
     format!("{}/", url.trim_end_matches('/'))
 }

@@ -310,11 +310,27 @@ fn check_variable(key: &str, value: &str) -> Result<()> {
         )));
     }
     let relative = key.ends_with("relative_uri");
-    let is_url = key.contains("endpoint") || key.ends_with("_url") || key.ends_with("_uri");
+    let is_url = key.contains("endpoint")
+        || key.ends_with("_url")
+        || key.ends_with("_uri")
+        || key.ends_with("authority_host");
     if is_url && !relative && !is_http_url(value) {
         return Err(Error::InvalidArgument(format!(
             "the variable {name}={value:?} is not an http(s) URL: write it as \
              http://host:port or https://host"
+        )));
+    }
+    // Names that become part of a host or a URL's path (`s3.REGION.amazonaws.com`,
+    // `login.../TENANT/...`, `ACCOUNT.blob.core.windows.net`).
+    let names_a_host_part = key.ends_with("_region")
+        || key.contains("tenant_id")
+        || key.ends_with("authority_id")
+        || key.ends_with("account_name");
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-._".contains(c);
+    if names_a_host_part && !value.chars().all(plain) {
+        return Err(Error::InvalidArgument(format!(
+            "the variable {name}={value:?} cannot be part of the store's address: it takes \
+             letters, digits, '-', '.' and '_' only"
         )));
     }
     Ok(())
