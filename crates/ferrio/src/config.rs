@@ -692,8 +692,8 @@ fn size(v: &str, min: u64, too_small: &'static str) -> std::result::Result<u64, 
     Ok(n)
 }
 
-/// The largest size a setting takes (1 PiB, written 1024TiB): more than any machine's memory or file, and far
-/// enough from `u64::MAX` that offsets plus a setting's size never overflow.
+/// The largest size a setting takes (1 PiB, written 1024TiB): more than any machine's memory or
+/// file, and far enough from `u64::MAX` that offsets plus a setting's size never overflow.
 const MAX_SIZE: u64 = 1 << 50;
 
 /// A whole number of at least `min`; `too_small` is the message for a smaller one.

@@ -58,7 +58,6 @@ pub(crate) fn encode_key_part(part: &str) -> String {
     out
 }
 
-/// `url` ending in exactly one `/`, as a prefix that relative keys are appended to.
 /// Whether `url` names a bucket or container and no key in it (`s3://bucket`, `az://container`):
 /// a copy's destination then means the store's root, as `s3://bucket/` does.
 pub(crate) fn names_a_store_only(url: &str) -> bool {
@@ -67,6 +66,7 @@ pub(crate) fn names_a_store_only(url: &str) -> bool {
     })
 }
 
+/// `url` ending in exactly one `/`, as a prefix that relative keys are appended to.
 pub(crate) fn as_prefix(url: &str) -> String {
     format!("{}/", url.trim_end_matches('/'))
 }

@@ -256,9 +256,10 @@ impl RemoteWriter {
     }
 
     fn error(&self, offset: u64, len: u64, source: std::io::Error) -> Error {
-        // A write needs no object to exist: what a store did not find is the bucket (or the
-        // container) to put it in.
-        let source = if source.kind() == std::io::ErrorKind::NotFound {
+        // A write needs no object to exist: before any part was taken, what a store did not
+        // find is the bucket (or the container) to put it in. (Later, the upload itself.)
+        let nothing_taken = self.parts_sent == 0;
+        let source = if source.kind() == std::io::ErrorKind::NotFound && nothing_taken {
             std::io::Error::new(source.kind(), "no such bucket or container to write into")
         } else {
             source
