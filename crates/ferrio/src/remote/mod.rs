@@ -330,7 +330,7 @@ impl RemoteFile {
     /// server that ignores `Range`, one range: its one GET streams the object from its start.
     fn ranges(&self, offset: u64, len: usize) -> Vec<Task> {
         if self.reads_whole() {
-            return plan::split_guided(offset, len, len as u64, len as u64, 1, 1);
+            return vec![Task::at_buffer_start(offset, len)];
         }
         let s = &self.inner.settings;
         let share = (len as u64).div_ceil(s.remote_concurrency.max(1) as u64);
