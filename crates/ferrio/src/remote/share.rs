@@ -17,8 +17,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// How often a GET waiting for its reply looks whether its range was taken ([`Share::taken`]).
-const TAKEN_POLL: Duration = Duration::from_millis(10);
+use tokio::sync::Notify;
 
 /// Halves are cut at multiples of this (GPU pieces and host copies like aligned starts).
 const SPLIT_ALIGN: u64 = 64 << 10;
@@ -28,6 +27,9 @@ pub(crate) struct Shares {
     state: Mutex<State>,
     /// No range in flight with fewer bytes left than this is split.
     min_split: u64,
+    /// Wakes the GETs waiting for their replies when a range's rest is taken from its GET
+    /// ([`Share::taken`]).
+    taken: Notify,
 }
 
 struct State {
@@ -69,6 +71,7 @@ impl Shares {
                 replies: (Duration::ZERO, 0),
             }),
             min_split: min_split.max(2 * SPLIT_ALIGN),
+            taken: Notify::new(),
         })
     }
 
@@ -104,6 +107,7 @@ impl Shares {
                 let rest = victim.at..victim.end;
                 victim.end = victim.at;
                 st.planned.push_front(rest);
+                self.taken.notify_waiters();
             } else if next == u64::MAX {
                 return Next::Done;
             }
@@ -246,8 +250,14 @@ impl Share {
     /// Resolves once the range has nothing left for this GET from `at` on: another GET took
     /// the rest ([`Shares::take`] with `for_all`). For a GET still waiting for its reply.
     pub(crate) async fn taken(&self, at: u64) {
-        while self.end() > at {
-            tokio::time::sleep(TAKEN_POLL).await;
+        loop {
+            // Registered before the end is read, so a take between the two still wakes it.
+            let mut moved = std::pin::pin!(self.shares.taken.notified());
+            moved.as_mut().enable();
+            if self.end() <= at {
+                return;
+            }
+            moved.await;
         }
     }
 
@@ -358,6 +368,38 @@ mod tests {
         std::thread::sleep(Duration::from_millis(5));
         a.claim(0, 8192);
         assert!(matches!(shares.take(false), Next::Done));
+    }
+
+    #[test]
+    fn a_get_waiting_for_its_reply_is_woken_when_its_range_is_taken() {
+        use futures::task::{waker, ArcWake};
+        use std::future::Future;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::task::Context;
+
+        struct Count(AtomicUsize);
+        impl ArcWake for Count {
+            fn wake_by_ref(me: &Arc<Self>) {
+                me.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let wake = waker(woken.clone());
+        let mut cx = Context::from_waker(&wake);
+
+        let shares = Shares::new([0..MIB, MIB..2 * MIB], MIB);
+        let a = shares.take(false).range().unwrap();
+        let b = shares.take(false).range().unwrap();
+        let mut waiting = std::pin::pin!(a.taken(0));
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        // The one GET reading in order takes `a`'s range: `a`'s wait ends at once, no timer.
+        let rest = shares.take(true).range().unwrap();
+        assert_eq!((rest.start(), rest.end()), (0, MIB));
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1);
+        assert!(waiting.as_mut().poll(&mut cx).is_ready());
+        // `b`'s range is not taken: its wait goes on.
+        let mut other = std::pin::pin!(b.taken(MIB));
+        assert!(other.as_mut().poll(&mut cx).is_pending());
     }
 
     #[test]
