@@ -590,6 +590,23 @@ def test_s3_whole_and_ranged_reads(s3: Any) -> None:
         assert bytes(buf) == data[1 << 20 : (1 << 20) + len(buf)]
 
 
+def test_a_plain_http_endpoint_needs_no_allow_http_unless_it_forbids_it(
+    s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An http:// AWS_ENDPOINT_URL is plain HTTP, as boto3 takes it: without AWS_ALLOW_HTTP
+    every request failed with only "builder error"; forbidding it is now an error naming both."""
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="plain.bin", Body=b"plain http")
+    url = f"s3://{s3.ferrio_bucket}/plain.bin"
+    monkeypatch.delenv("AWS_ALLOW_HTTP")
+    with ferrio.open(url) as f:
+        buf = bytearray(f.size)
+        f.read(buf)
+    assert bytes(buf) == b"plain http"
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "false")
+    with pytest.raises(ValueError, match="AWS_ENDPOINT_URL.*AWS_ALLOW_HTTP"):
+        ferrio.open(url)
+
+
 def test_s3_missing_key_is_file_not_found(s3: Any) -> None:
     url = f"s3://{s3.ferrio_bucket}/no/such/key"
     with pytest.raises(FileNotFoundError) as e:

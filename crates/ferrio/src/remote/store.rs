@@ -348,12 +348,50 @@ fn is_http_url(s: &str) -> bool {
 /// of an upload's CPU (dev VM, `benchmarks/remote_upload.py`: 0.70 against 1.38–1.67 CPU-s/GiB,
 /// 1.5–1.9× the rate). A plain `http://` endpoint keeps signed bodies.
 fn payload_unsigned_by_default(options: &[(String, String)]) -> bool {
-    let endpoint = options
+    let plain_http = options
         .iter()
-        .find(|(k, _)| k == "aws_endpoint_url" || k == "aws_endpoint")
-        .map(|(_, v)| v.trim().to_ascii_lowercase());
-    let plain_http = endpoint.is_some_and(|e| e.starts_with("http://"));
+        .any(|(k, v)| (k == "aws_endpoint_url" || k == "aws_endpoint") && is_plain_http(v));
     !plain_http && !has_any(options, &["aws_unsigned_payload"])
+}
+
+/// Plain HTTP for a store whose endpoint variable (one of `endpoints`) is an `http://` address,
+/// as boto3 and the Azure SDK take it: naming one is the user's choice of plain HTTP (a local
+/// MinIO, moto or Azurite). `object_store` would refuse every request with only "builder error"
+/// unless `<prefix>ALLOW_HTTP` is also set.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming both variables when `<prefix>ALLOW_HTTP` forbids what the
+/// endpoint asks for.
+fn allow_http_endpoint(
+    options: &mut Vec<(String, String)>,
+    prefix: &str,
+    endpoints: &[&str],
+) -> Result<()> {
+    let Some((name, _)) = options
+        .iter()
+        .find(|(k, v)| endpoints.contains(&k.as_str()) && is_plain_http(v))
+    else {
+        return Ok(());
+    };
+    let name = name.to_ascii_uppercase();
+    let allow_key = format!("{}allow_http", prefix.to_ascii_lowercase());
+    match options.iter().find(|(k, _)| *k == allow_key) {
+        None => options.push((allow_key, "true".into())),
+        Some((_, v)) if v.trim().eq_ignore_ascii_case("true") => {}
+        Some((_, v)) => {
+            return Err(Error::InvalidArgument(format!(
+                "{name} is a plain http:// address but {prefix}ALLOW_HTTP is {v:?}: set it to \
+                 true, or use an https:// endpoint"
+            )))
+        }
+    }
+    Ok(())
+}
+
+fn is_plain_http(url: &str) -> bool {
+    url.trim()
+        .get(..7)
+        .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
 }
 
 /// Whether any of `keys` (lowercase) is among `options`.
@@ -451,6 +489,7 @@ fn build_new(loc: &Location, settings: &Settings) -> Result<Arc<dyn ObjectStore>
             if payload_unsigned_by_default(&opts) {
                 opts.push(("aws_unsigned_payload".into(), "true".into()));
             }
+            allow_http_endpoint(&mut opts, "AWS_", &["aws_endpoint_url", "aws_endpoint"])?;
             let builder = AmazonS3Builder::new()
                 .with_client_options(client_options(settings, false))
                 .with_retry(retry_config(settings));
@@ -502,6 +541,11 @@ fn build_new(loc: &Location, settings: &Settings) -> Result<Arc<dyn ObjectStore>
             if !has_any(&opts, &signed) {
                 opts.push(("azure_skip_signature".into(), "true".into()));
             }
+            allow_http_endpoint(
+                &mut opts,
+                "AZURE_",
+                &["azure_storage_endpoint", "azure_endpoint"],
+            )?;
             let builder = MicrosoftAzureBuilder::new()
                 .with_client_options(client_options(settings, false))
                 .with_http_connector(AzureConnector)
