@@ -176,7 +176,8 @@ class RemoteWriter:
 
     Parts go up in parallel while writing goes on; close() (or a with block ending normally)
     completes the object, abort() (or an exception, KeyboardInterrupt included, inside the with
-    block) aborts the upload so that no object and no parts are left.
+    block) aborts the upload so that no object and no parts are left. A writer let go of while
+    open is aborted too, with a ResourceWarning: nothing it was given is written.
     """
 
     def write(self, buf: _Buffer) -> int:

@@ -8,7 +8,7 @@
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyResourceWarning, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -300,7 +300,8 @@ impl RemoteFile {
 /// (up to `remote_concurrency`) while writing goes on, with the GIL released. `close()` waits for
 /// them and completes the upload: only then does the object exist. `abort()`, an exception or
 /// `KeyboardInterrupt` inside a `with` block, a failed part, or a writer garbage-collected
-/// without `close()` abort the upload: no object is created and no parts are left behind.
+/// without `close()` (with a `ResourceWarning`) abort the upload: no object is created and no
+/// parts are left behind.
 #[pyclass(frozen, module = "ferrio", name = "RemoteWriter")]
 pub struct RemoteWriter {
     inner: Mutex<Option<ferrio::RemoteWriter>>,
@@ -392,8 +393,33 @@ impl Drop for RemoteWriter {
         // shuts down the writer is dropped in place.
         let slot = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
         if let Some(writer) = slot.take() {
-            Python::try_attach(|py| py.detach(move || drop(writer)));
+            let url = &self.url;
+            Python::try_attach(|py| {
+                py.detach(move || drop(writer));
+                warn_unclosed(py, url);
+            });
         }
+    }
+}
+
+/// A `ResourceWarning`, as Python gives for a file left unclosed, for a writer let go of while
+/// open: unlike a file's, its bytes are gone (the upload was aborted), which a bare
+/// `ferrio.open(url, "w").write(data)` would otherwise lose in silence. An exception being
+/// raised meanwhile is kept; a warning turned into an error is reported as unraisable.
+fn warn_unclosed(py: Python<'_>, url: &str) {
+    let pending = PyErr::take(py);
+    let text = format!(
+        "unclosed writer for {url}: its upload was aborted and no object was written (call \
+         close(), or write inside a with block)"
+    );
+    if let Ok(text) = std::ffi::CString::new(text) {
+        let category = py.get_type::<PyResourceWarning>();
+        if let Err(e) = PyErr::warn(py, &category, &text, 1) {
+            e.write_unraisable(py, None);
+        }
+    }
+    if let Some(e) = pending {
+        e.restore(py);
     }
 }
 
