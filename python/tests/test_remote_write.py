@@ -668,6 +668,9 @@ def test_write_to_missing_bucket_is_file_not_found(s3: Any) -> None:
     assert e.value.filename == url
     # What is missing is the bucket: no object needs to exist for a write.
     assert "no such bucket" in str(e.value), e.value
+    # The failure came completing the object, a call that asked for no bytes: the message
+    # gives no offset (it said "at offset 5, 0 bytes").
+    assert "(write)" in str(e.value) and "offset" not in str(e.value), e.value
 
 
 def test_http_urls_and_bad_modes_are_refused() -> None:

@@ -62,10 +62,14 @@ pub(crate) fn to_pyerr(e: ferrio::Error) -> PyErr {
             source,
         } => os_error(
             source,
-            format!(
-                "{} ({op} at offset {offset}, {len} bytes)",
-                strerror(source)
-            ),
+            if *len == 0 {
+                format!("{} ({op})", strerror(source))
+            } else {
+                format!(
+                    "{} ({op} at offset {offset}, {len} bytes)",
+                    strerror(source)
+                )
+            },
             path,
         ),
         E::Open { path, source, .. } => os_error(source, strerror(source), path),

@@ -43,12 +43,22 @@ impl std::fmt::Display for Op {
     }
 }
 
+/// Where an [`Error::Io`] happened, for its message: the bytes the failed call asked for, or
+/// nothing for a call that asked for none (completing an upload, a sync).
+pub(crate) fn span(offset: u64, len: u64) -> String {
+    if len == 0 {
+        String::new()
+    } else {
+        format!(" (offset {offset}, {len} bytes)")
+    }
+}
+
 /// Errors returned by ferrio.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// An OS call on a file failed.
-    #[error("{op} {path}: {source} (offset {offset}, {len} bytes)")]
+    #[error("{op} {path}: {source}{}", span(*.offset, *.len))]
     Io {
         /// What was being done.
         op: Op,
