@@ -369,6 +369,71 @@ def test_http_object_without_etag_replaced_between_requests(
         assert in_thread(lambda: read_all(again)) == obj.body
 
 
+class _Paths(http.server.BaseHTTPRequestHandler):
+    """Serves objects by the request's path exactly as sent (no decoding), with ranges."""
+
+    protocol_version = "HTTP/1.1"
+    objects: dict[str, bytes]
+    requests: list[str]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self.do_GET(head=True)
+
+    def do_GET(self, head: bool = False) -> None:
+        self.requests.append(self.path)
+        body = self.objects.get(self.path)
+        if body is None:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        rng = self.headers.get("Range")
+        status, part, extra = 200, body, {}
+        if rng and not head:
+            a, _, b = rng[len("bytes=") :].partition("-")
+            start, end = int(a), min(int(b) + 1, len(body))
+            status, part = 206, body[start:end]
+            extra = {"Content-Range": f"bytes {start}-{end - 1}/{len(body)}"}
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(part)))
+        self.send_header("ETag", '"' + hashlib.md5(body).hexdigest() + '"')
+        for k, v in extra.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if not head:
+            self.wfile.write(part)
+
+
+def test_an_http_url_asks_for_its_path_as_written(tmp_path: Any) -> None:
+    """A web server's path is not an object key: `%2F` is not a separator (GitLab's
+    `projects/group%2Fproj`), `a//b` and `dir/` are other resources than `a/b` and `dir`.
+    Each was asked for as `/a/b` or `/dir`, or refused, and read another resource's bytes."""
+    paths = ["/api/group%2Fproj/raw", "/api/group/proj/raw", "/dir/", "/dir", "/a//b", "/a/b"]
+    paths += ["/c%2Bd", "/c+d"]
+    objects = {p: remote_data(1000 + 7 * i, seed=i) for i, p in enumerate(paths)}
+    handler = type("P", (_Paths,), {"objects": objects, "requests": []})
+    server = _Server(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        for path, body in objects.items():
+            handler.requests.clear()
+            with ferrio.open(base + path) as f:
+                buf = bytearray(f.size)
+                assert in_thread(lambda: f.read(buf)) == len(body), path
+            assert bytes(buf) == body, path
+            assert set(handler.requests) == {path}, (path, handler.requests)
+            out = tmp_path / "copy.bin"
+            in_thread(lambda: ferrio.copy(base + path, out))
+            assert out.read_bytes() == body, path
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 class _Signed(http.server.BaseHTTPRequestHandler):
     """Serves objects only to requests whose query carries the right signature, and refuses
     HEAD with 403 as a store refuses a URL presigned for GET; ranges answer with Content-Range,

@@ -334,11 +334,12 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
                     return Err(Error::InvalidArgument(format!(
                         "{u}: http(s) servers cannot be listed; copy their objects one by one"
                     )));
-                } else if u.ends_with('/') {
+                } else if u.ends_with('/') && remote::can_list(u) {
                     return Err(Error::InvalidArgument(format!(
                         "{u} is a prefix: copy it with recursive (-r)"
                     )));
                 }
+                // A web server's `dir/` is one resource, as `dir` is another.
                 let f = match RemoteFile::open_until(u, settings.clone(), &cancelled) {
                     Err(Error::Cancelled) => return stopped(report),
                     other => other?,

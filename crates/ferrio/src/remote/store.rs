@@ -42,13 +42,18 @@ pub(crate) struct Location {
     /// URL is the store, the path is empty, and it is opened with a GET (a presigned URL is
     /// signed for its method, so a HEAD is refused).
     pub signed: bool,
+    /// Whether the whole URL is the store and the path is empty: a signed URL, and a plain HTTP
+    /// one whose path an object path would not give back as written (`%2F` or `%2B` in a
+    /// segment, an empty segment, a trailing `/`), so that the server is asked for exactly the
+    /// path the user wrote. Such an object shares no client with others of its server.
+    pub whole_url: bool,
 }
 
 impl Location {
     /// The part of the URL that names the store: scheme, host and port (and bucket, for stores
-    /// whose host holds it), or the whole URL of a signed one.
+    /// whose host holds it), or the whole URL where that is the store ([`Location::whole_url`]).
     pub(crate) fn store_part(&self) -> &str {
-        if self.signed {
+        if self.whole_url {
             self.url.as_str()
         } else {
             &self.url[..url::Position::BeforePath]
@@ -132,6 +137,16 @@ fn parse_any(url: &str, prefix: bool) -> Result<Location> {
             scheme: ObjectStoreScheme::Http,
             path: Path::default(),
             signed,
+            whole_url: true,
+        });
+    }
+    if http && !prefix && !http_path_kept(&parsed) {
+        return Ok(Location {
+            url: parsed,
+            scheme: ObjectStoreScheme::Http,
+            path: Path::default(),
+            signed: false,
+            whole_url: true,
         });
     }
     let (scheme, path) = ObjectStoreScheme::parse(&parsed).map_err(|e| bad(e.to_string()))?;
@@ -162,7 +177,35 @@ fn parse_any(url: &str, prefix: bool) -> Result<Location> {
         scheme,
         path,
         signed,
+        whole_url: false,
     })
+}
+
+/// Whether a plain `http(s)://` URL (no query) would be asked for as written by a store of its
+/// server given the URL's object path: `object_store` decodes the path into segments
+/// (`%2F` becomes a separator, `%2B` a `+`), drops empty ones (`a//b`, a trailing `/`) and
+/// encodes them again, which asks a web server for another resource, or refuses the URL. A URL
+/// of S3, GCS or Azure by its host is always kept (`%2F` in a key is its `/`).
+fn http_path_kept(url: &Url) -> bool {
+    let Ok((scheme, path)) = ObjectStoreScheme::parse(url) else {
+        // An empty segment or a bad escape: only an HTTP server's path can be taken as it is.
+        let mut origin = url.clone();
+        origin.set_path("/");
+        return !matches!(
+            ObjectStoreScheme::parse(&origin),
+            Ok((ObjectStoreScheme::Http, _))
+        );
+    };
+    if scheme != ObjectStoreScheme::Http {
+        return true;
+    }
+    // What object_store's HTTP client asks for: the server's URL with the path's parts.
+    let mut asked = url.clone();
+    asked.set_path("/");
+    if let Ok(mut segments) = asked.path_segments_mut() {
+        segments.clear().extend(path.parts());
+    }
+    asked.path() == url.path()
 }
 
 /// Checks that the key written in a bucket URL (`s3://`, `gs://`, `az://`) is the key that will
@@ -823,6 +866,31 @@ mod tests {
             loc.store_part(),
             "https://bucket.s3.us-east-1.amazonaws.com"
         );
+    }
+
+    #[test]
+    fn an_http_path_that_an_object_path_would_change_makes_the_whole_url_the_store() {
+        for url in [
+            "http://127.0.0.1:9/api/group%2Fproj/raw",
+            "http://127.0.0.1:9/dir/",
+            "http://127.0.0.1:9/a//b",
+            "https://example.com/c%2Bd",
+        ] {
+            let loc = parse(url).unwrap();
+            assert!(loc.whole_url && !loc.signed, "{url}");
+            assert_eq!(loc.scheme, ObjectStoreScheme::Http, "{url}");
+            assert_eq!((loc.store_part(), loc.path.as_ref()), (url, ""), "{url}");
+        }
+        for url in [
+            "http://127.0.0.1:9/a/b",
+            "http://127.0.0.1:9/a%20b/c+d/%C3%A9",
+            // S3 by its host: `%2F` in a key is its `/`.
+            "https://bucket.s3.us-east-1.amazonaws.com/a%2Fb",
+        ] {
+            let loc = parse(url).unwrap();
+            assert!(!loc.whole_url, "{url}");
+            assert_eq!(loc.store_part(), &url[..url.find("/a").unwrap()], "{url}");
+        }
     }
 
     #[test]
