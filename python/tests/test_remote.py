@@ -327,6 +327,55 @@ def test_http_server_stalling_for_good_is_a_clear_error(http_object: tuple[str, 
     assert obj.gets <= 5, f"{obj.gets} GETs for a retry budget of 1"
 
 
+def test_a_server_that_never_answers_is_asked_once_at_open() -> None:
+    """A server that takes the connection and never answers: the open fails with
+    `TimeoutError` after the HEAD's retries. It used to try a GET of the first byte and then
+    one of the whole object, each with the same budget: three times as long."""
+    heard: list[str] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    done = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            held.append(conn)
+            conn.settimeout(2.0)
+            with contextlib.suppress(OSError):
+                head = conn.recv(65536).decode("latin-1")
+                heard.append(head.split(" ", 1)[0] + (" range" if "range:" in head.lower() else ""))
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    port = listener.getsockname()[1]
+    try:
+        for url, first in [
+            (f"http://127.0.0.1:{port}/x.bin", "HEAD"),
+            # A signed URL is opened with a ranged GET instead: that one, and no other.
+            (f"http://127.0.0.1:{port}/x.bin?sig=1", "GET range"),
+        ]:
+            heard.clear()
+            with (
+                ferrio.config.set(
+                    remote_timeout="1s", remote_retries=1, remote_retry_timeout="2s"
+                ),
+                pytest.raises(TimeoutError) as e,
+            ):
+                in_thread(lambda: ferrio.open(url))
+            assert e.value.filename == url
+            assert heard and set(heard) == {first}, heard
+    finally:
+        done.set()
+        t.join(BOUND_S)
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
 def test_http_range_answered_with_another_range_is_an_error(
     http_object: tuple[str, _Object],
 ) -> None:

@@ -183,10 +183,11 @@ impl RemoteFile {
                         // A web server that refuses HEAD or answers it without a Content-Length
                         // is asked with a GET instead. object_store reads a 405 as a missing
                         // object (as WebDAV directories answer), so a missing one is asked too.
+                        // One that did not answer at all is not asked again.
                         Err(e)
                             if location.scheme == object_store::ObjectStoreScheme::Http
                                 && (matches!(e, object_store::Error::NotFound { .. })
-                                    || !is_refusal(&e)) =>
+                                    || !(is_refusal(&e) || store::no_answer(&e))) =>
                         {
                             head_by_get(store.as_ref(), &location.path).await.or(Err(e))
                         }
@@ -995,8 +996,8 @@ unsafe impl Sync for SendPtr {}
 
 /// What a HEAD would say of the object at `path`, asked with a GET of the first byte (the size
 /// comes from the `Content-Range` of the answer), and whether the server ignores `Range`. Where
-/// that GET fails otherwise than by a refusal (an empty object answers it with 416) or the
-/// server sent the whole object, a GET of the whole object, whose body is dropped unread. For
+/// that GET fails otherwise than by a refusal or no answer at all (an empty object answers it
+/// with 416), or the server sent the whole object, a GET of the whole object, whose body is dropped unread. For
 /// signed URLs, which are signed for GET alone, and web servers whose HEAD does not say the
 /// size.
 async fn head_by_get(
@@ -1009,7 +1010,7 @@ async fn head_by_get(
     };
     match store.get_opts(path, first).await {
         Ok(got) => Ok((got.meta, false)),
-        Err(e) if is_refusal(&e) => Err(e),
+        Err(e) if is_refusal(&e) || store::no_answer(&e) => Err(e),
         Err(e) => {
             let whole = store::ignores_range(&e);
             Ok((

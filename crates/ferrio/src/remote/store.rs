@@ -727,6 +727,21 @@ pub(crate) fn ignores_range(e: &object_store::Error) -> bool {
     ) && e.to_string().contains("Range request not supported")
 }
 
+/// Whether a request got no answer at all: it timed out ([`timed_out`]) or could not connect.
+/// Asking the same server another way would only wait as long again.
+pub(crate) fn no_answer(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.downcast_ref::<reqwest::Error>()
+            .is_some_and(reqwest::Error::is_connect)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    timed_out(e)
+}
+
 /// Whether a request's error came from a timeout: some error of its chain says so. A body that
 /// stopped coming shows as object_store's `HttpError`; a request that got no answer at all (a
 /// GET, a part upload, a completion) shows only as the reqwest error under object_store's
