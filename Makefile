@@ -9,9 +9,11 @@ BENCH_ARGS ?= --compare
 # torch needs about 4 GiB of CUDA libraries to import (its CPU build lives on an index this
 # machine cannot reach), so those tests skip on the host and run on the GPU machine, where torch
 # is installed and transformers is carried (benchmarks/gpu_all.sh).
-PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors "moto[server]" gcp-storage-emulator
+# fusepy (with libfuse 2, a system package): the FUSE file system of the close-error tests
+# (python/tests/fault_fs.py).
+PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors "moto[server]" gcp-storage-emulator fusepy
 
-.PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-python deps-node install \
+.PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-fuse deps-python deps-node install \
 	build gpu-wheel gpu-old gpu-nginx gpu-remote-peers gpu-test
 
 help:
@@ -24,8 +26,14 @@ deps-system:
 	  S=; [ "$$(id -u)" != 0 ] && S=sudo; \
 	  $$S apt-get update -qq && $$S apt-get install -y -qq fio >/dev/null; }
 
-deps-python:
-	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff, hypothesis, safetensors, moto.server, gcp_storage_emulator" 2>/dev/null || \
+# libfuse 2, which fusepy loads (the close-error tests mount a FUSE file system).
+deps-fuse:
+	@ldconfig -p | grep -q 'libfuse\.so\.2' || { echo "installing libfuse2"; \
+	  S=; [ "$$(id -u)" != 0 ] && S=sudo; \
+	  $$S apt-get update -qq && $$S apt-get install -y -qq libfuse2 >/dev/null; }
+
+deps-python: deps-fuse
+	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff, hypothesis, safetensors, moto.server, gcp_storage_emulator, fuse" 2>/dev/null || \
 	  $(PYTHON) -m pip install -q $(PY_TOOLS)
 
 # Azurite (the Azure Blob emulator of the az:// tests) comes from npm into .tools/; where npm's

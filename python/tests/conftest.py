@@ -84,6 +84,33 @@ def is_root() -> bool:
 BOUND_S = 60.0
 
 
+@pytest.fixture(scope="module")
+def fault_fs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A mounted `fault_fs.py` (FUSE): files whose name holds ``flush-fails`` fail at close."""
+    try:
+        import fuse  # type: ignore[import-untyped]  # noqa: F401
+    except (ImportError, OSError) as e:  # fusepy missing, or libfuse 2 (OSError)
+        pytest.skip(f"fusepy cannot load: {e}")
+    if not is_root() or not os.path.exists("/dev/fuse"):
+        pytest.skip("mounting a FUSE file system needs root and /dev/fuse")
+    where = tmp_path_factory.mktemp("fault-fs")
+    log = where.parent / f"{where.name}.log"
+    script = Path(__file__).with_name("fault_fs.py")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(script), str(where)], stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + BOUND_S
+        while not os.path.ismount(where):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"fault_fs did not mount: {log.read_text(errors='replace')}")
+            time.sleep(0.05)
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+        proc.terminate()
+        proc.wait(BOUND_S)
+
+
 def remote_data(n: int, seed: int) -> bytes:
     """Return `n` reproducible bytes (no repeating short period) for an object."""
     out = bytearray()

@@ -360,12 +360,10 @@ def test_a_server_that_never_answers_is_asked_once_at_open() -> None:
         ]:
             heard.clear()
             with (
-                ferrio.config.set(
-                    remote_timeout="1s", remote_retries=1, remote_retry_timeout="2s"
-                ),
+                ferrio.config.set(remote_timeout="1s", remote_retries=1, remote_retry_timeout="2s"),
                 pytest.raises(TimeoutError) as e,
             ):
-                in_thread(lambda: ferrio.open(url))
+                in_thread(functools.partial(ferrio.open, url))
             assert e.value.filename == url
             assert heard and set(heard) == {first}, heard
     finally:
@@ -472,11 +470,11 @@ def test_an_http_url_asks_for_its_path_as_written(tmp_path: Any) -> None:
             handler.requests.clear()
             with ferrio.open(base + path) as f:
                 buf = bytearray(f.size)
-                assert in_thread(lambda: f.read(buf)) == len(body), path
+                assert in_thread(functools.partial(f.read, buf)) == len(body), path
             assert bytes(buf) == body, path
             assert set(handler.requests) == {path}, (path, handler.requests)
             out = tmp_path / "copy.bin"
-            in_thread(lambda: ferrio.copy(base + path, out))
+            in_thread(functools.partial(ferrio.copy, base + path, out))
             assert out.read_bytes() == body, path
     finally:
         server.shutdown()
@@ -612,6 +610,25 @@ def test_forked_child_reads_with_its_own_runtime(http_object: tuple[str, _Object
     assert p.exitcode == 0
 
 
+def test_a_download_over_a_file_keeps_its_permissions(
+    http_object: tuple[str, _Object], tmp_path: Path
+) -> None:
+    """As a local copy (and `cp`, which writes into it) keeps them; a new file gets the
+    umask's. The download's file replaced it with one of mode 0o666 & ~umask."""
+    url, obj = http_object
+    kept = tmp_path / "kept.bin"
+    kept.write_bytes(b"old")
+    kept.chmod(0o600)
+    in_thread(lambda: ferrio.copy(url, kept))
+    assert kept.read_bytes() == obj.body
+    assert kept.stat().st_mode & 0o777 == 0o600
+    new = tmp_path / "new.bin"
+    in_thread(lambda: ferrio.copy(url, new))
+    umask = os.umask(0)
+    os.umask(umask)
+    assert new.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_cli_reads_a_url(http_object: tuple[str, _Object]) -> None:
     url, obj = http_object
     out = subprocess.run(
@@ -717,7 +734,7 @@ def test_a_plain_http_endpoint_needs_no_allow_http_unless_it_forbids_it(
         f.read(buf)
     assert bytes(buf) == b"plain http"
     monkeypatch.setenv("AWS_ALLOW_HTTP", "false")
-    with pytest.raises(ValueError, match="AWS_ENDPOINT_URL.*AWS_ALLOW_HTTP"):
+    with pytest.raises(ValueError, match=r"AWS_ENDPOINT_URL.*AWS_ALLOW_HTTP"):
         ferrio.open(url)
 
 

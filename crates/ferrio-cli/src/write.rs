@@ -243,6 +243,8 @@ fn write_all(
                     if !a.no_sync {
                         f.sync()?;
                     }
+                    // A network or FUSE file system may report a failed write only at close.
+                    f.clone().close()?;
                     Ok((n, t.elapsed().as_secs_f64()))
                 })
             })

@@ -295,9 +295,14 @@ impl File {
     }
 
     /// Closes the file; later calls raise `ValueError`. Operations still running finish first
-    /// (they hold the descriptors). Closing twice is allowed.
-    fn close(&self) {
-        self.lock().take();
+    /// (they hold the descriptors). Closing twice is allowed. As with Python's files, a file
+    /// system that reports only at close that written data did not reach storage (NFS, FUSE:
+    /// `EIO`, `ENOSPC`) makes this raise `OSError`; the file is closed all the same.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(file) = self.lock().take() else {
+            return Ok(());
+        };
+        without_gil(py, || file.close())?.map_err(to_pyerr)
     }
 
     /// Whether the file is closed.
@@ -340,9 +345,9 @@ impl File {
     }
 
     #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, _exc: &Bound<'_, PyTuple>) -> bool {
-        self.close();
-        false
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
     }
 
     fn __repr__(&self) -> String {

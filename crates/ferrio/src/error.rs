@@ -20,6 +20,8 @@ pub enum Op {
     Stat,
     /// Flushing written bytes to the device.
     Sync,
+    /// Closing a file, where a file system reports written data that did not reach storage.
+    Close,
     /// Asking the page cache about a range or dropping it.
     PageCache,
     /// Resolving the block device of a file through sysfs.
@@ -36,6 +38,7 @@ impl std::fmt::Display for Op {
             Op::Write => "write",
             Op::Stat => "stat",
             Op::Sync => "sync",
+            Op::Close => "close",
             Op::PageCache => "page-cache",
             Op::Resolve => "resolve",
             Op::Copy => "copy",

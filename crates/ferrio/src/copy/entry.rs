@@ -178,6 +178,12 @@ impl Copier<'_> {
             verified = true;
         }
         self.apply_file_meta(&handle, e, existing.as_ref())?;
+        // What closing the copy says comes before it replaces anything: a network or FUSE file
+        // system may report only then that its bytes did not reach storage.
+        if let Some(o) = out.clone() {
+            o.close().map_err(on_dst)?;
+        }
+        sys::close_checked(handle.as_fd()).map_err(|err| dst_io(Op::Close, 0, err))?;
         temp.commit(&target)?;
         self.progress.add_bytes(size.saturating_sub(data));
         let src_pool = src.pool().key().to_string();

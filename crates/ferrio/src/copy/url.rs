@@ -882,13 +882,28 @@ fn download(src: &RemoteFile, dst: &Path, progress: &CopyProgress) -> Result<()>
             ),
         });
     }
-    let mode = 0o666 & !sys::umask();
+    // A file replaced keeps its permissions, as a local copy (and `cp`, which writes into it)
+    // keeps them; a new one gets the umask's.
+    let mode = fs::metadata(dst)
+        .ok()
+        .filter(fs::Metadata::is_file)
+        .map_or(0o666 & !sys::umask(), |m| {
+            std::os::unix::fs::MetadataExt::mode(&m) & 0o777
+        });
     fs::set_permissions(temp.path(), fs::Permissions::from_mode(mode)).map_err(|source| {
         Error::Fs {
             action: "set the mode of",
             path: dst.to_path_buf(),
             source,
         }
+    })?;
+    // What closing it says comes before it replaces anything (see `File::close`).
+    sys::close_checked(file.as_fd()).map_err(|source| Error::Io {
+        op: Op::Close,
+        path: dst.to_path_buf(),
+        offset: 0,
+        len: 0,
+        source,
     })?;
     drop(file);
     temp.commit(dst)

@@ -491,6 +491,19 @@ impl File {
         sys::fdatasync(self.inner.fd.as_fd()).map_err(|e| self.err(Op::Sync, 0, 0, e))
     }
 
+    /// Closes this handle and reports what closing the file says, as `close(2)` does: NFS,
+    /// FUSE and other network file systems may report only then that written data did not
+    /// reach storage (`EIO`, `ENOSPC`). The descriptors themselves close with the last clone
+    /// and the last request in flight. Dropping a `File` closes it without the report.
+    pub fn close(self) -> Result<()> {
+        if self.inner.mode.writable() {
+            for fd in std::iter::once(&self.inner.fd).chain(&self.inner.direct_fd) {
+                sys::close_checked(fd.as_fd()).map_err(|e| self.err(Op::Close, 0, 0, e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Reserves disk space for the first `len` bytes and makes the file at least that long
     /// (`fallocate`), so that a large write allocates its blocks once instead of as it goes.
     /// Returns `Ok(false)`, changing nothing, where the file system cannot preallocate.
