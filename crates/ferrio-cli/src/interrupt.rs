@@ -1,11 +1,14 @@
-//! Ctrl-C and `SIGTERM`: a handler that only notes the signal, installed for the length of one
+//! Ctrl-C, `SIGTERM` and `SIGHUP`: a handler that only notes the signal, installed for the length of one
 //! [`crate::run`] and taken down afterwards, so that a process embedding the command line (the
 //! Python console script, `ferrio._native.cli_main`) gets its own handlers back.
 //!
 //! Long loops poll [`interrupted`] between steps, clean up, and end with [`Interrupted`]
-//! (exit status 128 + the signal: 130 for Ctrl-C, 143 for `SIGTERM`, as a shell reports a
-//! process the signal killed). `SIGTERM` is what `kill`, `timeout` and service managers send:
-//! left to kill the process, it would leave a copy's temporary file or a half-written file.
+//! (exit status 128 + the signal: 130 for Ctrl-C, 143 for `SIGTERM`, 129 for `SIGHUP`, as a
+//! shell reports a process the signal killed). `SIGTERM` is what `kill`, `timeout` and service
+//! managers send, `SIGHUP` what a closed terminal or a dropped SSH session sends: left to kill
+//! the process, either would leave a copy's temporary file, a half-written file or an upload's
+//! parts. A signal the process was started ignoring (`nohup`, a shell's background job) stays
+//! ignored.
 //! The `ctrlc` crate was not used: it cannot remove its handler.
 
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -28,11 +31,11 @@ impl std::fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
-/// The signal that stopped the command (`SIGINT` or `SIGTERM`), or 0 while none came.
+/// The signal that stopped the command (one of [`SIGNALS`]), or 0 while none came.
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 /// The signals that stop a command cleanly.
-const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
 /// Whether Ctrl-C was pressed (or `SIGTERM` came); long loops check this between steps and
 /// clean up.
@@ -41,10 +44,11 @@ pub(crate) fn interrupted() -> bool {
 }
 
 /// The message and exit status for an [`Interrupted`] command: `interrupted` and 130 after
-/// Ctrl-C, `terminated` and 143 after `SIGTERM`.
+/// Ctrl-C, `terminated` and 143 after `SIGTERM`, `hung up` and 129 after `SIGHUP`.
 pub(crate) fn exit_status() -> (&'static str, i32) {
     match SIGNAL.load(Ordering::Relaxed) {
         libc::SIGTERM => ("terminated", 128 + libc::SIGTERM),
+        libc::SIGHUP => ("hung up", 128 + libc::SIGHUP),
         _ => ("interrupted", 128 + libc::SIGINT),
     }
 }
@@ -77,7 +81,7 @@ extern "C" fn on_signal(signal: libc::c_int) {
     let _ = SIGNAL.compare_exchange(0, signal, Ordering::Relaxed, Ordering::Relaxed);
 }
 
-/// Our `SIGINT` and `SIGTERM` handler while it lives; the previous dispositions come back when
+/// Our handler of [`SIGNALS`] while it lives; the previous dispositions come back when
 /// it is dropped.
 pub(crate) struct CtrlC {
     previous: Vec<(libc::c_int, libc::sigaction)>,
@@ -103,6 +107,10 @@ impl CtrlC {
             // SAFETY: both pointers refer to live, initialised `sigaction` values; the handler
             // only stores to an atomic, which is async-signal-safe.
             if unsafe { libc::sigaction(signal, &action, &mut old) } == 0 {
+                if old.sa_sigaction == libc::SIG_IGN {
+                    // SAFETY: `old` is the disposition the kernel just gave back.
+                    unsafe { libc::sigaction(signal, &old, std::ptr::null_mut()) };
+                }
                 previous.push((signal, old));
             }
         }

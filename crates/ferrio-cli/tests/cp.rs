@@ -263,6 +263,52 @@ fn sigterm_during_cp_leaves_no_partial_file_and_exits_143() {
     signal_mid_copy(libc::SIGTERM, 143);
 }
 
+#[test]
+fn sighup_during_cp_leaves_no_partial_file_and_exits_129() {
+    // What a closed terminal or a dropped SSH session sends.
+    signal_mid_copy(libc::SIGHUP, 129);
+}
+
+#[test]
+fn a_sighup_ignored_from_the_start_stays_ignored() {
+    // `nohup ferrio cp ...`: the copy goes on through the hangup and completes.
+    let d = tmp();
+    let src = d.path().join("big");
+    fs::write(&src, bytes(64 << 20, 5)).unwrap();
+    let dst = d.path().join("copy");
+    let mut cmd = ferrio();
+    cmd.args([
+        "cp",
+        "--threads",
+        "1",
+        "--task-size",
+        "64KiB",
+        "--method",
+        "read-write",
+    ])
+    .arg(&src)
+    .arg(&dst)
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    // SAFETY: `signal` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let t0 = Instant::now();
+    while temp_files(d.path()).is_empty() && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(fs::read(&dst).unwrap() == bytes(64 << 20, 5));
+}
+
 /// Sends `signal` to a copy under way; it must exit with `code` and leave nothing behind.
 fn signal_mid_copy(signal: libc::c_int, code: i32) {
     let d = tmp();
