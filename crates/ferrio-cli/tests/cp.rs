@@ -309,6 +309,66 @@ fn a_sighup_ignored_from_the_start_stays_ignored() {
     assert!(fs::read(&dst).unwrap() == bytes(64 << 20, 5));
 }
 
+#[test]
+fn a_copy_in_another_pid_namespace_keeps_its_temporary_file() {
+    // Two containers with one host name sharing a volume: the process id in the other's
+    // temporary name means nothing here, and its file is not a dead copy's. Its copy lost its
+    // file to this one's sweep and failed at the rename.
+    const PID: u32 = 77_777;
+    if !common::is_root() || Path::new(&format!("/proc/{PID}")).exists() {
+        eprintln!("skipped: needs root (unshare) and no process {PID} here");
+        return;
+    }
+    let d = tmp();
+    let src = d.path().join("big");
+    fs::write(&src, bytes(128 << 20, 6)).unwrap();
+    let shared = d.path().join("shared");
+    fs::create_dir(&shared).unwrap();
+    // In a new process id namespace, the copy runs as process PID (the next id after
+    // `ns_last_pid`), one that does not exist out here.
+    let script = format!(
+        "echo {} > /proc/sys/kernel/ns_last_pid && \"$0\" cp --threads 1 --task-size 64KiB \
+         --method read-write --verify \"$1\" \"$2\"",
+        PID - 1
+    );
+    let spawned = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "sh", "-c", &script])
+        .arg(env!("CARGO_BIN_EXE_ferrio"))
+        .arg(&src)
+        .arg(&shared)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn();
+    let Ok(mut other) = spawned else {
+        eprintln!("skipped: unshare cannot run");
+        return;
+    };
+    let t0 = Instant::now();
+    while temp_files(&shared).is_empty() && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let names = temp_files(&shared);
+    if names.is_empty() {
+        let o = other.wait_with_output().unwrap();
+        eprintln!("skipped: the namespaced copy did not start: {}", stderr(&o));
+        return;
+    }
+    assert!(
+        names[0]
+            .to_string_lossy()
+            .contains(&format!("ferrio-{PID}-")),
+        "{names:?}"
+    );
+    // A copy here, into the same directory, sweeps what dead copies left.
+    let small = d.path().join("small");
+    fs::write(&small, b"small").unwrap();
+    let o = run(&[Path::new("cp"), &small, &shared.join("other")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = other.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(fs::read(shared.join("big")).unwrap() == bytes(128 << 20, 6));
+}
+
 /// Sends `signal` to a copy under way; it must exit with `code` and leave nothing behind.
 fn signal_mid_copy(signal: libc::c_int, code: i32) {
     let d = tmp();

@@ -98,15 +98,18 @@ impl Drop for TempPath {
 /// What separates a destination's name from the temporary part.
 const TEMP_MARK: &[u8] = b".ferrio-";
 
-/// `PID-HHHH`: this process's id and a tag of the host name, so that a sweep never takes a name
-/// of a live copy, nor of a copy on another machine sharing the directory (NFS, a volume shared
-/// by containers with their own process ids).
+/// `PID-HHHH`: this process's id and a tag of the host name and process id namespace, so that
+/// a sweep never takes a name of a live copy, nor of a copy on another machine sharing the
+/// directory (NFS), nor of one in another container sharing the volume (whose process ids are
+/// its own, even where the host name is the same: Docker's `--network host`, the containers of
+/// one Kubernetes pod).
 /// The id is asked each time (a forked child has its own); the host tag is read once.
 fn own_tag() -> String {
     format!("{}-{}", crate::sys::process_id(), host_tag())
 }
 
-/// Four letters and digits from the host name (FNV-1a), the same in every process of a machine.
+/// Four letters and digits from the host name and the process id namespace (FNV-1a), the same
+/// in every process of a machine that sees the same process ids.
 fn host_tag() -> &'static str {
     static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TAG.get_or_init(read_host_tag)
@@ -115,8 +118,14 @@ fn host_tag() -> &'static str {
 fn read_host_tag() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     let name = fs::read("/proc/sys/kernel/hostname").unwrap_or_default();
+    // `pid:[4026531836]`: the namespace the process ids of the names are counted in.
+    let namespace = fs::read_link("/proc/self/ns/pid").unwrap_or_default();
     let mut h: u64 = 0xCBF2_9CE4_8422_2325;
-    for &b in name.trim_ascii() {
+    let bytes = name
+        .trim_ascii()
+        .iter()
+        .chain(namespace.as_os_str().as_bytes());
+    for &b in bytes {
         h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3);
     }
     (0..4)
