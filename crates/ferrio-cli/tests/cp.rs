@@ -339,7 +339,7 @@ fn a_copy_in_another_pid_namespace_keeps_its_temporary_file() {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn();
-    let Ok(mut other) = spawned else {
+    let Ok(other) = spawned else {
         eprintln!("skipped: unshare cannot run");
         return;
     };
