@@ -71,9 +71,11 @@ impl File {
                 self.plan_align(),
             ),
         };
-        if direction == Direction::Write {
-            self.prepare_write(offset, len, tasks.len())?;
-        }
+        let extended = if direction == Direction::Write {
+            self.prepare_write(offset, len, tasks.len())?
+        } else {
+            None
+        };
         bounce::trace::record("request", bounce::trace::start(), len as u64);
         let file = self.clone();
         let filling = fill.is_some();
@@ -149,6 +151,7 @@ impl File {
             request.max_active = shape.in_flight;
         }
         let completion = self.queue(request);
+        self.undo_if_failed(&completion, extended);
         if let Some(append) = append {
             append.queued(&completion, len);
         }

@@ -30,6 +30,15 @@ impl AppendSlot<'_> {
     }
 }
 
+/// Where a write moved the end of the file before it ran ([`File::extend_for_direct_write`]).
+#[derive(Clone, Copy)]
+pub(super) struct Extended {
+    /// The size before.
+    before: u64,
+    /// The size it was given: the write's end.
+    end: u64,
+}
+
 /// Tasks of one buffered write request to a local file that may run at once (see
 /// `File::write_cap`).
 const BUFFERED_WRITES_IN_FLIGHT: usize = 2;
@@ -50,7 +59,7 @@ impl File {
         let append = self.append_slot();
         let offset = append.as_ref().map_or(offset, |a| a.offset);
         let tasks = self.plan(offset, len)?;
-        self.prepare_write(offset, len, tasks.len())?;
+        let extended = self.prepare_write(offset, len, tasks.len())?;
         let file = self.clone();
         let base = Addr(ptr as usize);
         let run = Box::new(move |w: &mut Worker, t: &Task| {
@@ -61,10 +70,34 @@ impl File {
             unsafe { file.write_task(w, src, t) }
         });
         let completion = self.queue(self.request(tasks, offset, len, Direction::Write, run));
+        self.undo_if_failed(&completion, extended);
         if let Some(append) = append {
             append.queued(&completion, len);
         }
         Ok(completion)
+    }
+
+    /// Where a write moved the end of the file before it ran ([`File::extend_for_direct_write`])
+    /// and then fails or is cancelled, puts the end back where it was (once the write's tasks
+    /// are done, before its future resolves), unless something else moved it meanwhile: the
+    /// file would otherwise keep zeros it was never given, and appends would land after them.
+    pub(super) fn undo_if_failed(&self, completion: &Arc<Completion>, extended: Option<Extended>) {
+        let Some(Extended { before, end }) = extended else {
+            return;
+        };
+        let file = self.clone();
+        completion.on_done(Box::new(move |outcome| {
+            if outcome.is_err() {
+                file.shrink_back(before, end);
+            }
+        }));
+    }
+
+    /// Truncates the file to `before` if its size is still `end` (best effort).
+    fn shrink_back(&self, before: u64, end: u64) {
+        if sys::fstat(self.fd()).is_ok_and(|st| st.st_size as u64 == end) {
+            let _ = sys::ftruncate(self.fd(), before);
+        }
     }
 
     /// In append modes, where the next write goes: the end of the file now, or past this
@@ -103,7 +136,12 @@ impl File {
     /// Before a write is queued: measures the device's writes where the policy needs that to
     /// choose the write's path ([`File::write_probe`]), then preallocates for a direct write
     /// that extends the file ([`File::extend_for_direct_write`]).
-    pub(super) fn prepare_write(&self, offset: u64, len: usize, tasks: usize) -> Result<()> {
+    pub(super) fn prepare_write(
+        &self,
+        offset: u64,
+        len: usize,
+        tasks: usize,
+    ) -> Result<Option<Extended>> {
         // A write smaller than the probe itself does not pay for it: until a larger one has
         // measured the device, it goes as an unmeasured device's writes do (direct when cold).
         if len as u64 >= policy::WRITE_PROBE_MIN_WRITE {
@@ -143,41 +181,49 @@ impl File {
     /// done, so that the end moves in order), and allocate blocks write by write; one
     /// `fallocate` first lets the writes run side by side and is faster than an `ftruncate`
     /// first (measured: see benchmarks/RESULTS.md). Where the file system cannot preallocate,
-    /// nothing changes; a full disk (or quota) fails the write before it starts.
+    /// nothing changes; a full disk (or quota) fails the write before it starts, and leaves the
+    /// size as it was (a file system may keep what it could allocate, and move the end there).
+    /// Returns where the end moved from and to, for [`File::undo_if_failed`].
     pub(super) fn extend_for_direct_write(
         &self,
         offset: u64,
         len: usize,
         tasks: usize,
-    ) -> Result<()> {
+    ) -> Result<Option<Extended>> {
         let end = offset + len as u64;
         if tasks < 2
             || !self.inner.local
             || !self.writes_may_go_direct(end)
             || self.direct().is_none()
         {
-            return Ok(());
+            return Ok(None);
         }
         let size = match sys::fstat(self.fd()) {
             Ok(st) => st.st_size as u64,
-            Err(_) => return Ok(()),
+            Err(_) => return Ok(None),
         };
         if end <= size {
-            return Ok(());
+            return Ok(None);
         }
         let from = offset.max(size);
         match self.fallocate(from, end - from) {
-            Ok(_) => Ok(()),
+            Ok(true) => Ok(Some(Extended { before: size, end })),
+            Ok(false) => Ok(None),
             Err(e)
                 if e.os_error()
                     .and_then(|e| e.raw_os_error())
                     .is_some_and(|c| c == libc::ENOSPC || c == libc::EDQUOT) =>
             {
+                if let Ok(st) = sys::fstat(self.fd()) {
+                    if st.st_size as u64 > size && st.st_size as u64 <= end {
+                        self.shrink_back(size, st.st_size as u64);
+                    }
+                }
                 Err(e)
             }
             // Refused for another reason: the writes allocate as they go and report their own
             // errors.
-            Err(_) => Ok(()),
+            Err(_) => Ok(None),
         }
     }
 

@@ -200,7 +200,9 @@ impl Completion {
         self.lock().outcome(self.start, self.len)
     }
 
-    fn on_done(&self, cb: Callback) {
+    /// Runs `cb` with the outcome once every task has reported (at once if they have), before
+    /// the waiters of the future wake ([`IoFuture::on_done`]).
+    pub(crate) fn on_done(&self, cb: Callback) {
         if self.is_inherited() {
             return cb(Err(self.inherited_error()));
         }

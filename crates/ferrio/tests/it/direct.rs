@@ -261,11 +261,53 @@ fn a_direct_write_too_big_for_the_disk_fails_before_writing_anything() {
     );
     assert!(e.to_string().contains("No space left"), "{e}");
     assert_eq!(e.path(), Some(path.as_path()), "names the file: {e}");
-    // Nothing of the new data landed: the write failed before its first task.
-    let back = std::fs::read(&path).unwrap();
-    assert_eq!(&back[..11], b"old content");
-    assert!(
-        back[11..].iter().all(|&b| b == 0),
-        "part of the failed write reached the file"
-    );
+    // Nothing of the new data landed: the write failed before its first task, and the file
+    // is as long as it was (the failed preallocation had moved its end as far as it got, and
+    // appends then landed after that run of zeros).
+    assert_eq!(std::fs::read(&path).unwrap(), b"old content");
+    let appending = File::options()
+        .settings(settings(DirectMode::On, false, 1 << 20))
+        .open(&path, "a")
+        .unwrap();
+    assert!(appending.write_at(&bytes, 0).is_err());
+    appending.write_at(b" tail", 0).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"old content tail");
+}
+
+#[test]
+fn a_cancelled_write_past_the_end_leaves_the_file_as_long_as_it_was() {
+    let d = disk_dir();
+    let path = make_file(d.path(), "grow", b"head");
+    let f = File::options()
+        .settings(settings(DirectMode::On, false, 1 << 20))
+        .open(&path, "r+")
+        .unwrap();
+    if !matches!(f.direct_support(), DirectSupport::Available { .. }) {
+        eprintln!("skipped: no O_DIRECT here");
+        return;
+    }
+    // 64 tasks: a cancel at once finds most of them not yet started. The write had moved the
+    // end to 64 MiB before its first task, and a cancel left it there, zeros and all.
+    let mut cancelled = 0;
+    for _ in 0..5 {
+        let fut = f.pwrite(data(64 << 20, 44), 4096);
+        let asked = fut.cancel();
+        let (result, _) = fut.into_buffer();
+        if asked {
+            assert!(
+                matches!(result, Err(ferrio::Error::Cancelled)),
+                "{result:?}"
+            );
+            assert_eq!(
+                f.len().unwrap(),
+                4,
+                "a cancelled write left the file longer"
+            );
+            cancelled += 1;
+        } else {
+            assert_eq!(result.unwrap(), 64 << 20);
+            f.set_len(4).unwrap();
+        }
+    }
+    assert!(cancelled > 0, "no write was cancelled in time");
 }
