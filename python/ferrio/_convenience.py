@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from ferrio._native import RemoteFile as _RemoteFile
 from ferrio._native import open as _open
 
 # The largest file `fromfile` reads to its end with one plain read when `count` is -1 (a sysfs
@@ -51,7 +52,8 @@ def fromfile(
     if shape is not None and count != -1:
         raise ValueError("give count or shape, not both")
     with _open(path, "r") as f:
-        if shape is None and count < 0 and f.size <= _SMALL_FILE:
+        local = not isinstance(f, _RemoteFile)  # an object's size is what it holds
+        if local and shape is None and count < 0 and f.size <= _SMALL_FILE:
             # procfs files report size 0 and sysfs attributes 4096, whatever they hold: a small
             # file is read to its end, as numpy.fromfile does (one plain read; for a regular file
             # the same bytes, and as fast: the pools pay off on large files).

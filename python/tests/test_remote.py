@@ -481,6 +481,25 @@ def test_an_http_url_asks_for_its_path_as_written(tmp_path: Any) -> None:
         server.server_close()
 
 
+def test_fromfile_reads_small_and_large_objects() -> None:
+    """`fromfile(url)` of an object of at most 64 KiB took the path of small local files (sysfs
+    and procfs say the wrong size) and opened the URL as a local path: FileNotFoundError."""
+    objects = {"/small.bin": remote_data(1000, seed=30), "/big.bin": remote_data(300_000, seed=31)}
+    handler = type("P", (_Paths,), {"objects": objects, "requests": []})
+    server = _Server(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        for path, body in objects.items():
+            got = in_thread(functools.partial(ferrio.fromfile, base + path))
+            assert got.tobytes() == body, path
+            words = in_thread(functools.partial(ferrio.fromfile, base + path, "<u4", offset=4))
+            assert words.tobytes() == body[4 : 4 + (len(body) - 4) // 4 * 4], path
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 class _Signed(http.server.BaseHTTPRequestHandler):
     """Serves objects only to requests whose query carries the right signature, and refuses
     HEAD with 403 as a store refuses a URL presigned for GET; ranges answer with Content-Range,
