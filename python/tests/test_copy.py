@@ -57,3 +57,29 @@ def test_a_directory_loop_followed_is_an_oserror_naming_the_link(tmp_path: Path)
     assert info.value.errno == 40  # ELOOP
     assert str(info.value.filename).endswith("self")
     assert not isinstance(info.value, ferrio.FerrioError)
+
+
+def test_an_empty_destination_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It copied the whole file to a temporary name in the working directory, then failed the
+    # rename into ''.
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x" * 100_000)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    with pytest.raises(FileNotFoundError):
+        ferrio.copy(src, "")
+    assert list(work.iterdir()) == []
+
+
+def test_a_missing_destination_directory_reads_as_a_sentence(tmp_path: Path) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x")
+    dst = tmp_path / "no" / "such" / "dir.bin"
+    with pytest.raises(FileNotFoundError) as e:
+        ferrio.copy(src, dst)
+    assert e.value.filename == str(dst)
+    # Was "No such file or directory (create a temporary file for)".
+    assert "(create a temporary file for it)" in str(e.value), e.value

@@ -77,7 +77,11 @@ pub(crate) fn to_pyerr(e: ferrio::Error) -> PyErr {
             action,
             path,
             source,
-        } => os_error(source, format!("{} ({action})", strerror(source)), path),
+        } => os_error(
+            source,
+            format!("{} ({})", strerror(source), action_of_path(action)),
+            path,
+        ),
         E::InvalidArgument(_) | E::InvalidSetting { .. } => PyValueError::new_err(e.to_string()),
         E::BadMode { .. } => UnsupportedOperation::new_err(e.to_string()),
         E::Cancelled => CancelledError::new_err(e.to_string()),
@@ -86,6 +90,16 @@ pub(crate) fn to_pyerr(e: ferrio::Error) -> PyErr {
         E::Cuda { .. } => CudaError::new_err(e.to_string()),
         E::Safetensors { .. } => SafetensorError::new_err(e.to_string()),
         _ => FerrioError::new_err(e.to_string()),
+    }
+}
+
+/// What was being done to the error's file, for the text before its name: an action phrased
+/// to have the path after it ("create a temporary file for") ends in "it".
+fn action_of_path(action: &str) -> String {
+    let action = action.trim_end_matches(':');
+    match action.rsplit(' ').next() {
+        Some("for" | "of" | "at") => format!("{action} it"),
+        _ => action.to_string(),
     }
 }
 

@@ -112,6 +112,14 @@ where
         .into_iter()
         .map(|p| p.as_ref().to_path_buf())
         .collect();
+    // As `cp a ''` says, before anything is read (a copy would be made, then fail its rename).
+    if dest.as_ref().as_os_str().is_empty() {
+        return Err(Error::Fs {
+            action: "copy to",
+            path: PathBuf::new(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        });
+    }
     if url::involves_urls(&sources, dest.as_ref()) {
         return url::copy(&sources, dest.as_ref(), options);
     }
