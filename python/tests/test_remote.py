@@ -46,6 +46,8 @@ class _Object:
         self.last_modified: str | None = "Mon, 23 Nov 2026 10:00:00 GMT"  # None: none sent
         self.grow_on_replace = False  # the replacement is longer, not just other bytes
         self.ignore_range = False
+        self.ignore_range_gets = 0  # this many ranged GETs are answered with the whole object
+        self.whole_gets = 0  # GETs answered with the whole object
         self.chunked = False  # the whole object (a Range ignored) goes chunked, with no length
         self.fail_503 = 0  # this many GETs answer 503 first
         self.drop_after = 0  # if >0: the next GET sends this many body bytes, then hangs up
@@ -118,12 +120,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             drop, obj.drop_after = obj.drop_after, 0
             stall = obj.stalls > 0
             obj.stalls -= stall
+            rng = self.headers.get("Range")
+            ignore = obj.ignore_range or (rng is not None and obj.ignore_range_gets > 0)
+            obj.ignore_range_gets -= rng is not None and obj.ignore_range_gets > 0
+            obj.whole_gets += ignore or rng is None
         want = self.headers.get("If-Match")
-        if want is not None and want != (etag or ""):
+        # Compared strongly, as RFC 9110 and nginx compare: a weak ETag never matches.
+        if want is not None and (want != (etag or "") or want.startswith("W/")):
             self._headers(412, 0, {})
             return
-        rng = self.headers.get("Range")
-        if rng and not obj.ignore_range and rng.startswith("bytes="):
+        if rng and not ignore and rng.startswith("bytes="):
             a, _, b = rng[len("bytes=") :].partition("-")
             start, end = int(a), min(int(b) + 1 if b else len(body), len(body))
             if obj.shift_range and end + obj.shift_range <= len(body):
@@ -204,15 +210,17 @@ def test_http_server_ignoring_range_is_read_whole_one_get_per_read(
     url, obj = http_object
     obj.ignore_range = True
     with ferrio.open_url(url, range_size="1MiB") as f:
-        # The first read's ranged GETs find out (6 ranges), then one GET streams the object.
+        # The first read's ranged GETs find out (6 ranges), then one GET streams the object
+        # (after one ranged GET that asks whether the server honours ranges again).
         assert in_thread(lambda: read_all(f)) == obj.body
         first = obj.gets
-        assert first <= 6 + 1, first
+        assert first <= 6 + 2, first
         buf = bytearray(3 << 20)
         assert f.read(buf, offset=12345) == len(buf)
         assert bytes(buf) == obj.body[12345 : 12345 + len(buf)]
-        # Later reads are one GET of the whole object each, not one per range.
-        assert obj.gets - first == 1
+        # Later reads are one GET of the whole object each (and that one ranged GET), not one
+        # per range.
+        assert obj.gets - first == 2
 
 
 def test_a_range_ignoring_server_that_sends_no_length_is_a_clear_error(
@@ -372,6 +380,38 @@ def test_a_server_that_never_answers_is_asked_once_at_open() -> None:
         listener.close()
         for conn in held:
             conn.close()
+
+
+def test_a_server_that_ignored_range_once_is_read_in_ranges_again(
+    http_object: tuple[str, _Object],
+) -> None:
+    """One ranged GET answered with the whole object (a CDN on a cache miss) made every later
+    read of the object stream it from byte 0, a small read at its end included."""
+    url, obj = http_object
+    obj.ignore_range_gets = 1
+    with ferrio.open_url(url, range_size="1MiB", concurrency=1) as f:
+        assert in_thread(lambda: read_all(f)) == obj.body
+        obj.whole_gets = 0
+        tail = bytearray(100)
+        for _ in range(5):
+            assert in_thread(lambda: f.read(tail, offset=len(obj.body) - 100)) == 100
+            assert bytes(tail) == obj.body[-100:]
+        assert in_thread(lambda: read_all(f)) == obj.body
+    assert obj.whole_gets == 0
+
+
+def test_a_weak_etag_pins_reads_without_if_match(http_object: tuple[str, _Object]) -> None:
+    """`If-Match` compares strongly, so a server that follows RFC 9110 (nginx) refused every
+    read of an object with a weak ETag: "the object changed since it was opened"."""
+    url, obj = http_object
+    obj.etag = 'W/"v1"'
+    with ferrio.open_url(url, range_size="1MiB") as f:
+        assert f.etag == 'W/"v1"'
+        assert in_thread(lambda: read_all(f)) == obj.body
+        # Still pinned: by the ETags of the replies and by Last-Modified.
+        obj.replace_after_gets = obj.gets
+        with pytest.raises(OSError, match="changed since it was opened"):
+            in_thread(lambda: read_all(f))
 
 
 def test_http_range_answered_with_another_range_is_an_error(

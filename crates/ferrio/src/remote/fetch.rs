@@ -70,23 +70,37 @@ pub(crate) struct Pinned {
 }
 
 /// The conditions that pin reads to the object `meta` describes: its ETag and version id, and
-/// where it has no ETag (a plain HTTP server may give none), its Last-Modified time if known.
+/// where it has no strong ETag (a plain HTTP server may give none, or a weak `W/"..."` one), its
+/// Last-Modified time if known.
 pub(crate) fn conditions(meta: &ObjectMeta) -> GetOptions {
     let modified_known = meta.last_modified.timestamp() != 0;
+    let strong = meta.e_tag.as_deref().is_some_and(|e| !is_weak(e));
     GetOptions {
         if_match: meta.e_tag.clone(),
         version: meta.version.clone(),
-        if_unmodified_since: (meta.e_tag.is_none() && modified_known).then_some(meta.last_modified),
+        if_unmodified_since: (!strong && modified_known).then_some(meta.last_modified),
         ..GetOptions::default()
     }
 }
 
+/// Whether an ETag is weak (`W/"..."`): `If-Match` compares strongly (RFC 9110), so a server
+/// that follows the rule refuses every request that carries one, though nothing changed.
+fn is_weak(e_tag: &str) -> bool {
+    e_tag.starts_with("W/")
+}
+
 impl Pinned {
-    fn options(&self, range: Range<u64>) -> GetOptions {
-        GetOptions {
-            range: Some(GetRange::Bounded(range)),
+    /// What a GET of `range` (`None`: the whole object) asks: the conditions, less a weak ETag
+    /// (the replies' ETags are still compared with it, [`Pinned::replaced`]).
+    fn options(&self, range: Option<Range<u64>>) -> GetOptions {
+        let mut options = GetOptions {
+            range: range.map(GetRange::Bounded),
             ..self.conditions.clone()
+        };
+        if options.if_match.as_deref().is_some_and(is_weak) {
+            options.if_match = None;
         }
+        options
     }
 
     /// Why the reply `got` describes another object than the one opened, if it does: another
@@ -140,7 +154,9 @@ impl Pinned {
             let traced = trace::start();
             // The GET for the range, unless the range is taken from this GET while it waits
             // for the reply (the one GET reading a whole object takes every range in order).
-            let get = std::pin::pin!(self.store.get_opts(&self.path, self.options(want.clone())));
+            let get = std::pin::pin!(self
+                .store
+                .get_opts(&self.path, self.options(Some(want.clone()))));
             let taken = std::pin::pin!(share.taken(at));
             let got = match futures::future::select(get, taken).await {
                 Either::Right(_) => break,
@@ -269,19 +285,38 @@ impl Pinned {
         land.range_done().await
     }
 
-    /// A GET of the whole object, for `share`'s bytes `want`, its reply checked.
+    /// A GET of the whole object, for `share`'s bytes `want`, its reply checked. It first asks
+    /// for the object from `want`'s start on: a server that sent the whole object once (a CDN
+    /// on a cache miss, say) may honour ranges again, and then the object is no longer read
+    /// whole ([`Pinned::whole`]) and this body starts at `want`. A server that ignores `Range`
+    /// costs one more request per body this way.
     async fn get_whole(&self, share: &Share, want: &Range<u64>) -> Result<WholeBody> {
         let asked = Instant::now();
-        let got = self
+        let rest = want.start..self.len;
+        let (got, sent) = match self
             .store
-            .get_opts(&self.path, self.conditions.clone())
+            .get_opts(&self.path, self.options(Some(rest.clone())))
             .await
-            .map_err(|e| self.read_err(want, store::io_error(e)))?;
+        {
+            Ok(got) => {
+                self.whole.store(false, Ordering::Relaxed);
+                (got, rest)
+            }
+            Err(e) if store::ignores_range(&e) => {
+                let got = self
+                    .store
+                    .get_opts(&self.path, self.options(None))
+                    .await
+                    .map_err(|e| self.read_err(want, store::io_error(e)))?;
+                (got, 0..self.len)
+            }
+            Err(e) => return Err(self.read_err(want, store::io_error(e))),
+        };
         share.answered(want.start, asked.elapsed());
-        self.check_reply(&got.meta, &got.range, &(0..self.len))?;
+        self.check_reply(&got.meta, &got.range, &sent)?;
         Ok(WholeBody {
             stream: got.into_stream(),
-            next: 0,
+            next: sent.start,
             held: None,
         })
     }
