@@ -101,6 +101,19 @@ fn parse_any(url: &str, prefix: bool) -> Result<Location> {
     let bad = |why: String| Error::InvalidArgument(format!("bad object URL {url:?}: {why}"));
     let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
     let http = matches!(parsed.scheme(), "http" | "https");
+    if http && (!parsed.username().is_empty() || parsed.password().is_some()) {
+        // object_store's HTTP client sends no Authorization from the URL: the server would
+        // answer "access denied" with no hint why.
+        let mut shown = parsed.clone();
+        if shown.password().is_some() {
+            let _ = shown.set_password(Some("***"));
+        }
+        return Err(Error::InvalidArgument(format!(
+            "bad object URL {:?}: a user or password in an http(s) URL is not sent: ferrio has \
+             no HTTP authentication (use a signed URL, or a server that needs none)",
+            shown.as_str()
+        )));
+    }
     if !http {
         literal_key(url, prefix).map_err(|why| bad(why.into()))?;
         // `s3://user:secret@bucket/k` or `s3://bucket:99/k` would be read with neither (an
@@ -881,6 +894,19 @@ mod tests {
             loc.store_part(),
             "https://bucket.s3.us-east-1.amazonaws.com"
         );
+    }
+
+    #[test]
+    fn an_http_url_with_a_user_or_password_is_refused() {
+        for url in [
+            "http://user:secret@127.0.0.1:9/x",
+            "https://user@example.com/x",
+            "http://:pw@127.0.0.1:9/x",
+        ] {
+            let err = parse(url).unwrap_err().to_string();
+            assert!(err.contains("user or password"), "{url}: {err}");
+            assert!(!err.contains("secret") && !err.contains(":pw"), "{err}");
+        }
     }
 
     #[test]
