@@ -83,3 +83,20 @@ def test_a_missing_destination_directory_reads_as_a_sentence(tmp_path: Path) -> 
     assert e.value.filename == str(dst)
     # Was "No such file or directory (create a temporary file for)".
     assert "(create a temporary file for it)" in str(e.value), e.value
+
+
+def test_every_file_that_failed_is_named(tmp_path: Path) -> None:
+    # The exception is the first failure; the others were skipped in silence (`ferrio cp`
+    # names each on stderr).
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.bin").write_bytes(b"a")
+    for name in ("fifo-1", "fifo-2", "fifo-3"):
+        os.mkfifo(tree / name)
+    with pytest.raises(ValueError) as e:  # a FIFO is not copied (as it is not read)
+        ferrio.copy(tree, tmp_path / "out", recursive=True)
+    notes = "\n".join(getattr(e.value, "__notes__", []))
+    failed = [n for n in ("fifo-1", "fifo-2", "fifo-3") if n in str(e.value) or n in notes]
+    assert len(failed) == 3, (str(e.value), notes)
+    assert notes.startswith("2 more could not be copied"), notes
+    assert (tmp_path / "out" / "a.bin").read_bytes() == b"a"

@@ -94,7 +94,26 @@ pub(crate) fn copy<'py>(
             pyo3::exceptions::PyRuntimeError::new_err("the copy ended without a result")
         })?
         .map_err(to_pyerr)?;
-    report.check().map_err(to_pyerr)?;
+    if let Err(first) = report.check() {
+        let err = to_pyerr(first);
+        // The others are named in a note (PEP 678), as `ferrio cp` names each on stderr: a
+        // caller shown only the first would not know the rest were skipped too.
+        let others: Vec<String> = report
+            .errors
+            .iter()
+            .skip(1)
+            .map(|e| format!("  {e}"))
+            .collect();
+        if !others.is_empty() {
+            let note = format!(
+                "{} more could not be copied:\n{}",
+                others.len(),
+                others.join("\n")
+            );
+            err.value(py).call_method1("add_note", (note,))?;
+        }
+        return Err(err);
+    }
     let d = PyDict::new(py);
     d.set_item("files", report.files)?;
     d.set_item("dirs", report.dirs)?;
