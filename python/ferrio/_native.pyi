@@ -376,7 +376,7 @@ def copy(
     prefix downloaded into a directory (made as needed); a prefix with no objects raises
     ``FileNotFoundError``, a key with a ``..`` component ``ValueError``. Returns a dict with
     ``files``, ``dirs``, ``symlinks``, ``bytes``, ``verified`` and ``seconds``; raises the
-    first error.
+    first error, with a note (``__notes__``) naming the others.
     """
 
 @final
