@@ -3,7 +3,7 @@
 import os
 import types
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, Literal, Self, final, overload
+from typing import Any, Literal, Self, TypeVar, final, overload
 
 __all__ = [
     "Allocation",
@@ -29,6 +29,7 @@ __all__ = [
     "drop_system_cache",
     "env_error",
     "is_remote_url",
+    "local_path",
     "open",
     "open_url",
     "residency",
@@ -43,6 +44,7 @@ __all__ = [
 __version__: str
 
 _Path = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+_T = TypeVar("_T")
 _Setting = int | bool | str
 # Any object with the buffer protocol: numpy arrays, bytearray, memoryview, mmap. Spelled Any,
 # not collections.abc.Buffer, because numpy's stubs declare ndarray.__buffer__ only for Python
@@ -317,6 +319,9 @@ def open_url(
 
 def is_remote_url(path: object) -> bool:
     """Whether `path` is a URL that open() reads from remote storage."""
+
+def local_path(path: _T) -> _T | str:
+    """Return the local path a ``file://`` URL names; any other path as given."""
 
 def wait(futures: Sequence[IOFuture], timeout: float | None = None) -> list[int]:
     """Wait for every future; return their byte counts in order."""

@@ -9,6 +9,7 @@ import os
 import stat
 import struct
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -786,3 +787,13 @@ def test_cupy_loads(tmp_path):
     ours = tmp_path / "ours.safetensors"
     fs.save_file(got, ours)
     assert ours.read_bytes() == p.read_bytes()
+
+
+def test_a_safetensors_file_named_json_is_not_read_as_an_index(tmp_path: Path) -> None:
+    # Any path ending in .json was taken for a shard index: "not valid JSON".
+    tensors = {"w": np.arange(6, dtype=np.int32)}
+    path = tmp_path / "weights.json"
+    fsn.save_file(tensors, path)
+    np.testing.assert_array_equal(fsn.load_file(path)["w"], tensors["w"])
+    sn.save_file(tensors, str(path))  # and safetensors' own file
+    np.testing.assert_array_equal(fsn.load_file(path)["w"], tensors["w"])

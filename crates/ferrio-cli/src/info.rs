@@ -121,6 +121,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
 
 fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
     existing(&path)?;
+    let path = ferrio::local_path(&path)?.into_owned();
     let settings = ferrio::Settings::global();
     let chain = ferrio::blockdev::resolve(&path)?;
     // Open with direct I/O asked for, to learn whether and how the file system allows it.

@@ -235,9 +235,21 @@ pub(crate) fn json_path(p: &std::path::Path) -> serde_json::Value {
     serde_json::Value::String(p.to_string_lossy().into_owned())
 }
 
+/// Each path, or the local path it names as a `file://` URL (`ferrio::local_path`).
+pub(crate) fn local_paths(paths: Vec<PathBuf>) -> anyhow::Result<Vec<PathBuf>> {
+    paths
+        .into_iter()
+        .map(|p| match ferrio::local_path(&p) {
+            Ok(local) => Ok(local.into_owned()),
+            Err(e) => Err(UsageError(e.to_string()).into()),
+        })
+        .collect()
+}
+
 /// A path that must exist, checked before any work starts.
 pub(crate) fn existing(path: &PathBuf) -> anyhow::Result<()> {
-    match std::fs::metadata(path) {
+    let local = ferrio::local_path(path).map_err(|e| UsageError(e.to_string()))?;
+    match std::fs::metadata(&local) {
         Ok(_) => Ok(()),
         Err(e) => {
             let hint = path

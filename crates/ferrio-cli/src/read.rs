@@ -119,7 +119,8 @@ impl Source {
     }
 }
 
-pub(crate) fn run(a: Args) -> anyhow::Result<()> {
+pub(crate) fn run(mut a: Args) -> anyhow::Result<()> {
+    a.paths = crate::local_paths(std::mem::take(&mut a.paths))?;
     let settings = a.io.settings()?;
     let files = a
         .paths

@@ -38,7 +38,8 @@ pub(crate) struct Args {
     io: IoFlags,
 }
 
-pub(crate) fn run(a: Args) -> anyhow::Result<()> {
+pub(crate) fn run(mut a: Args) -> anyhow::Result<()> {
+    a.paths = crate::local_paths(std::mem::take(&mut a.paths))?;
     let settings = a.io.settings()?;
     let mut existed = Vec::with_capacity(a.paths.len());
     if let Some(url) = a

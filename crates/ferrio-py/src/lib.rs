@@ -52,6 +52,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(file::open, m)?)?;
     m.add_function(wrap_pyfunction!(remote::open_url, m)?)?;
     m.add_function(wrap_pyfunction!(remote::is_remote_url, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::local_path, m)?)?;
     m.add_function(wrap_pyfunction!(future::wait, m)?)?;
     m.add_function(wrap_pyfunction!(pagecache::residency, m)?)?;
     m.add_function(wrap_pyfunction!(pagecache::drop_cache, m)?)?;

@@ -174,6 +174,22 @@ pub(crate) fn open_url(
     open_remote(py, url, mode, options)
 }
 
+/// The local path a `file://` URL names (as a `str`); any other path is returned as given.
+/// A `file:` URL of another host raises `ValueError`.
+#[pyfunction]
+pub(crate) fn local_path<'py>(path: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let Ok(text) = path.extract::<&str>() else {
+        return Ok(path.clone());
+    };
+    match ferrio::remote::file_url_path(text) {
+        Some(local) => {
+            let local = local.map_err(to_pyerr)?;
+            Ok(local.into_os_string().into_pyobject(path.py())?.into_any())
+        }
+        None => Ok(path.clone()),
+    }
+}
+
 /// Whether `path` is a URL that `open` reads from remote storage.
 #[pyfunction]
 pub(crate) fn is_remote_url(path: &Bound<'_, PyAny>) -> bool {

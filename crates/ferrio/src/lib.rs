@@ -51,6 +51,6 @@ pub use config::{CacheMode, DirectMode, FillReads, PinnedMemory, Settings};
 pub use copy::{copy, CopyError, CopyMethod, CopyOptions, CopyProgress, CopyReport, DeviceTraffic};
 pub use direct::DirectSupport;
 pub use error::{Error, Op, Result};
-pub use file::{stats, File, Mode, OpenOptions};
+pub use file::{local_path, stats, File, Mode, OpenOptions};
 pub use pool::{wait_all, IoFuture, PoolStats};
 pub use remote::{RemoteFile, RemoteWriter};

@@ -54,6 +54,7 @@ import ferrio
 from ferrio._native import (
     SafetensorError,
     is_remote_url,
+    local_path,
     safetensors_header_bytes,
     safetensors_parse_header,
     safetensors_read_header,
@@ -130,13 +131,33 @@ def _read_index(p: str) -> Any:
         raise SafetensorError(f"index {p}: not valid JSON: {e}") from None
 
 
+def _is_index(p: str, remote: bool) -> bool:
+    """Return whether `p` names a shard index.
+
+    That is a ``*.index.json`` file or object, or a local ``*.json`` file that is not itself a
+    safetensors file (whose first 8 bytes give its header's length, and whose header then
+    begins with ``{``).
+    """
+    if not p.endswith(".json"):
+        return False
+    if remote or p.endswith(".index.json"):
+        return True
+    try:
+        with open(p, "rb") as f:
+            head = f.read(9)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return True  # the index's own read says what is wrong
+    return not (len(head) == 9 and head[8:] == b"{" and int.from_bytes(head[:8], "little") <= size)
+
+
 def _shard_files(
     path: PathLike | Sequence[PathLike],
 ) -> tuple[list[str], dict[str, str] | None]:
     """Return the files behind `path` and, for an index, which file holds which tensor."""
     if isinstance(path, list | tuple):
-        return [os.fsdecode(os.fspath(p)) for p in path], None
-    p = os.fsdecode(os.fspath(path))  # type: ignore[arg-type]
+        return [local_path(os.fsdecode(os.fspath(p))) for p in path], None
+    p = local_path(os.fsdecode(os.fspath(path)))  # type: ignore[arg-type]
     remote = is_remote_url(p)
     if remote and p.endswith("/"):
         raise SafetensorError(
@@ -156,7 +177,7 @@ def _shard_files(
         if not files:
             raise FileNotFoundError(f"no *.safetensors file in directory {p!r}")
         return [os.path.join(p, f) for f in files], None
-    if p.endswith(".json"):
+    if _is_index(p, remote):
         index = _read_index(p)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not all(
@@ -773,7 +794,7 @@ def _save_target(filename: PathLike) -> str:
     Where `filename` cannot be a file the error names it, rather than the temporary file; a
     device or FIFO is refused, never replaced by a file.
     """
-    given = os.fsdecode(os.fspath(filename))
+    given = local_path(os.fsdecode(os.fspath(filename)))
     if not given:
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", given)
     target = os.path.realpath(given)

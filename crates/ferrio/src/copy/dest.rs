@@ -48,7 +48,8 @@ pub(super) fn plan_roots(sources: &[PathBuf], dest: &Path, o: &CopyOptions) -> R
         .map_err(|source| Error::Open {
             path: src.clone(),
             mode: "r".into(),
-            source,
+            // `file:///...`, `ftp://...`: say why such a "path" is not found.
+            source: crate::file::unknown_scheme_hint(src, source),
         })?;
         let dst = if dest_is_dir && names_contents(src) {
             // `cp -r src/. dst`: the contents of `src` merge into `dst`, as in GNU cp.

@@ -108,10 +108,12 @@ where
     P: AsRef<Path>,
 {
     let t0 = Instant::now();
+    // `file://` URLs name local paths, copied as those are.
     let sources: Vec<PathBuf> = sources
         .into_iter()
-        .map(|p| p.as_ref().to_path_buf())
-        .collect();
+        .map(|p| crate::file::local_path(p.as_ref()).map(|p| p.into_owned()))
+        .collect::<Result<_>>()?;
+    let dest = crate::file::local_path(dest.as_ref())?;
     // As `cp a ''` says, before anything is read (a copy would be made, then fail its rename).
     if dest.as_ref().as_os_str().is_empty() {
         return Err(Error::Fs {

@@ -132,7 +132,8 @@ impl OpenOptions {
             memory,
             write_probe: self.assumed_write_probe,
         };
-        File::open_with(path.as_ref(), mode, choices, &settings, assumed)
+        let path = local_path(path.as_ref())?;
+        File::open_with(&path, mode, choices, &settings, assumed)
     }
 }
 
@@ -698,7 +699,18 @@ pub(crate) fn open_checked(path: &Path, flags: libc::c_int) -> std::io::Result<O
 /// `source` for a path that does not exist, told where the path reads as a URL of a scheme
 /// ferrio does not open (`ftp://host/x`, `file:///x`): a plain "No such file or directory"
 /// would not say why. Any other error is returned as it is.
-fn unknown_scheme_hint(path: &Path, source: std::io::Error) -> std::io::Error {
+/// `path`, or the local path it names as a `file://` URL ([`crate::remote::file_url_path`]).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a `file:` URL that names no local path.
+pub fn local_path(path: &Path) -> Result<std::borrow::Cow<'_, Path>> {
+    match path.to_str().and_then(crate::remote::file_url_path) {
+        Some(resolved) => Ok(std::borrow::Cow::Owned(resolved?)),
+        None => Ok(std::borrow::Cow::Borrowed(path)),
+    }
+}
+
+pub(crate) fn unknown_scheme_hint(path: &Path, source: std::io::Error) -> std::io::Error {
     if source.kind() != std::io::ErrorKind::NotFound {
         return source;
     }

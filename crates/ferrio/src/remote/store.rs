@@ -72,10 +72,39 @@ pub fn is_remote_url(s: &str) -> bool {
     SCHEMES.iter().any(|p| lower.starts_with(p))
 }
 
+/// The local path a `file://` URL names (`file:///data/x%20y.bin` is `/data/x y.bin`), read by
+/// the local engine as the path itself is; `None` where `s` is no `file:` URL.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a `file:` URL that names no local path: another host
+/// (`file://server/share/x`), a relative path, a query or a fragment.
+pub fn file_url_path(s: &str) -> Option<Result<std::path::PathBuf>> {
+    let scheme = s.get(..5)?;
+    if !scheme.eq_ignore_ascii_case("file:") {
+        return None;
+    }
+    let bad = |why: &str| Error::InvalidArgument(format!("bad file URL {s:?}: {why}"));
+    Some(match Url::parse(s) {
+        Err(e) => Err(bad(&e.to_string())),
+        Ok(u) if u.query().is_some() || u.fragment().is_some() => Err(bad(
+            "a '?' or '#' is not part of a path here: percent-encode them as %3F and %23",
+        )),
+        Ok(u) if !matches!(u.host_str(), None | Some("" | "localhost")) => Err(bad(
+            "it names another host; only this machine's files are opened",
+        )),
+        Ok(u) => u
+            .to_file_path()
+            .map_err(|()| bad("it names no absolute local path")),
+    })
+}
+
 /// Where `s` reads as a URL (`scheme://...`) of a scheme ferrio does not open (`ftp`, `file`),
 /// a sentence saying so, for an error that would otherwise say only "No such file or
 /// directory".
 pub fn unsupported_url_scheme(s: &str) -> Option<String> {
+    if file_url_path(s).is_some() {
+        return None;
+    }
     let (scheme, _) = s.split_once("://")?;
     let mut chars = scheme.chars();
     let is_scheme = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
@@ -792,10 +821,33 @@ mod tests {
     static KEPT: Mutex<()> = Mutex::new(());
 
     #[test]
+    fn a_file_url_names_its_local_path() {
+        use std::path::PathBuf;
+        for (url, path) in [
+            ("file:///data/x.bin", "/data/x.bin"),
+            ("FILE:///data/x%20y%23.bin", "/data/x y#.bin"),
+            ("file://localhost/data/x", "/data/x"),
+        ] {
+            assert_eq!(
+                file_url_path(url).unwrap().unwrap(),
+                PathBuf::from(path),
+                "{url}"
+            );
+        }
+        for bad in ["file://server/share/x", "file:///x?y", "file:///x#y"] {
+            assert!(file_url_path(bad).unwrap().is_err(), "{bad}");
+        }
+        for not in ["/data/x", "s3://b/k", "files/x", "fil"] {
+            assert!(file_url_path(not).is_none(), "{not}");
+        }
+    }
+
+    #[test]
     fn only_a_url_of_a_scheme_not_opened_is_named() {
         let why = unsupported_url_scheme("ftp://host/x").expect("ftp");
         assert!(why.starts_with("ftp:// is not a URL scheme"), "{why}");
-        assert!(unsupported_url_scheme("file:///etc/x").is_some());
+        // file:// is opened, by the local engine (`file_url_path`).
+        assert!(unsupported_url_scheme("file:///etc/x").is_none());
         for not in [
             "s3://b/k",
             "HTTPS://h/x",
