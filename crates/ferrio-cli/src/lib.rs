@@ -247,7 +247,7 @@ pub(crate) fn local_paths(paths: Vec<PathBuf>) -> anyhow::Result<Vec<PathBuf>> {
 }
 
 /// A path that must exist, checked before any work starts.
-pub(crate) fn existing(path: &PathBuf) -> anyhow::Result<()> {
+pub(crate) fn existing(path: &std::path::Path) -> anyhow::Result<()> {
     let local = ferrio::local_path(path).map_err(|e| UsageError(e.to_string()))?;
     match std::fs::metadata(&local) {
         Ok(_) => Ok(()),
