@@ -481,26 +481,38 @@ def test_save_file_is_atomic(tmp_path):
     assert os.listdir(tmp_path) == ["m.safetensors"]
 
 
-def test_save_file_writes_through_a_symlink_and_keeps_the_mode(tmp_path):
-    """As safetensors (open(..., "wb")) and cp: a symlink stays, the file it names gets the new
-    bytes and keeps its permission bits."""
-    (tmp_path / "blobs").mkdir()
-    blob = tmp_path / "blobs" / "abc123"
-    blob.write_bytes(b"old")
-    blob.chmod(0o640)
-    link = tmp_path / "model.safetensors"
-    link.symlink_to(blob)
+def test_save_file_replaces_a_symlink_as_safetensors_does(tmp_path):
+    """A save to a symlink (a Hugging Face cache's snapshot entry, say) replaces the link with
+    the new file and leaves the file it named alone, as safetensors 0.8 does, checked here
+    against safetensors itself: ferrio wrote through the link, into the (shared) blob."""
     d = {"a": sample("float32", (10,), 1)}
-    fsn.save_file(d, link)
-    assert link.is_symlink() and os.readlink(link) == str(blob)
-    assert_same(sn.load_file(blob), d)
-    assert blob.stat().st_mode & 0o777 == 0o640
-    assert sorted(os.listdir(tmp_path / "blobs")) == ["abc123"]
-    # A dangling link makes the file it names, as open() would.
-    dangling = tmp_path / "new.safetensors"
-    dangling.symlink_to(tmp_path / "blobs" / "def456")
-    fsn.save_file(d, dangling)
-    assert_same(sn.load_file(tmp_path / "blobs" / "def456"), d)
+    for who, save in (("safetensors", sn.save_file), ("ferrio", fsn.save_file)):
+        root = tmp_path / who
+        (root / "blobs").mkdir(parents=True)
+        blob = root / "blobs" / "abc123"
+        blob.write_bytes(b"old")
+        link = root / "model.safetensors"
+        link.symlink_to(blob)
+        dangling = root / "new.safetensors"
+        dangling.symlink_to(root / "blobs" / "def456")
+        save(d, str(link))
+        save(d, str(dangling))
+        seen = (
+            link.is_symlink(),
+            blob.read_bytes(),
+            dangling.is_symlink(),
+            sorted(os.listdir(root / "blobs")),
+        )
+        assert seen == (False, b"old", False, ["abc123"]), (who, seen)
+        assert_same(sn.load_file(link), d)
+        assert_same(sn.load_file(dangling), d)
+    # A regular file replaced keeps its permission bits (safetensors makes it 0600).
+    kept = tmp_path / "kept.safetensors"
+    kept.write_bytes(b"old")
+    kept.chmod(0o640)
+    fsn.save_file(d, kept)
+    assert kept.stat().st_mode & 0o777 == 0o640
+    assert_same(sn.load_file(kept), d)
 
 
 def test_threads_saving_one_name_at_once_each_write_their_own(tmp_path):

@@ -789,17 +789,22 @@ def _nbytes(raw: Any) -> int:
 
 
 def _save_target(filename: PathLike) -> str:
-    """Return the file `save_file` replaces (symlinks followed), checked before any write.
+    """Return the name `save_file` replaces, checked before any write.
 
-    Where `filename` cannot be a file the error names it, rather than the temporary file; a
-    device or FIFO is refused, never replaced by a file.
+    That is `filename` in its directory with the directory's symlinks resolved; a symlink at
+    `filename` itself is replaced, as safetensors replaces it (the file it names is left
+    alone). Where `filename` cannot be a file the error names it, rather than the temporary
+    file; a device or FIFO is refused, never replaced by a file.
     """
     given = local_path(os.fsdecode(os.fspath(filename)))
     if not given:
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", given)
-    target = os.path.realpath(given)
+    head, name = os.path.split(given)
+    target = os.path.join(os.path.realpath(head or "."), name) if name else given
     try:
-        mode = os.stat(target).st_mode
+        mode = os.lstat(target).st_mode
+        if stat.S_ISLNK(mode):
+            return target
     except FileNotFoundError:
         if given.endswith(os.sep):
             raise NotADirectoryError(errno.ENOTDIR, "Not a directory", given) from None
@@ -828,9 +833,10 @@ def save_file(
     bounce buffers) into ``.NAME.ferrio-tmp-PID-N`` beside the target, flushed to the device
     when `fsync` is true (the write then bypasses the page cache under ``cache="auto"``: direct
     writes reach the disk sooner), then renamed over `filename`; on any error the temporary file is
-    removed and `filename` is untouched. A `filename` that is a symlink is written through, as
-    ``safetensors`` and ``cp`` do: the file it names is replaced. A file replaced keeps its
-    permission bits; other hard links to it keep the old bytes. A `filename` that exists must be
+    removed and `filename` is untouched. A `filename` that is a symlink is replaced by the new
+    file, as ``safetensors`` replaces it: the file it named (a blob of a Hugging Face cache,
+    say, that other snapshots share) keeps its bytes. A file replaced keeps its permission
+    bits; other hard links to it keep the old bytes. A `filename` that exists must be
     a regular file: a directory, FIFO or device raises ``OSError`` before anything is written.
     Tensors must not be modified while the call runs.
     """
@@ -855,7 +861,7 @@ def save_file(
             if fsync:
                 f.sync()
         with contextlib.suppress(FileNotFoundError):
-            old = os.stat(target)
+            old = os.lstat(target)
             if stat.S_ISREG(old.st_mode):
                 os.chmod(tmp, stat.S_IMODE(old.st_mode))
         os.replace(tmp, target)
