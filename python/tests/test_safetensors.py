@@ -320,7 +320,9 @@ def test_reading_after_close_is_an_error(tmp_path):
     with fs.safe_open(p, "numpy") as f:
         a = f.get_tensor("a")
     np.testing.assert_array_equal(a, d["a"])  # what was returned stays valid
-    assert f.keys() == ["a"]
+    # Closed for everything, as safetensors' file is (the names too).
+    with pytest.raises(SafetensorError, match="closed"):
+        f.keys()
     with pytest.raises(SafetensorError, match="closed"):
         f.get_tensor("a")
     with pytest.raises(SafetensorError, match="closed"):
@@ -809,3 +811,54 @@ def test_a_safetensors_file_named_json_is_not_read_as_an_index(tmp_path: Path) -
     np.testing.assert_array_equal(fsn.load_file(path)["w"], tensors["w"])
     sn.save_file(tensors, str(path))  # and safetensors' own file
     np.testing.assert_array_equal(fsn.load_file(path)["w"], tensors["w"])
+
+
+def test_a_slice_outlives_its_safe_open_block(tmp_path: Path) -> None:
+    # As safetensors' slices (which keep the file mapped); ferrio's raised "File is closed".
+    p = tmp_path / "m.safetensors"
+    sn.save_file({"w": np.arange(12, dtype=np.float32).reshape(4, 3)}, str(p))
+    for mod in (safetensors, fs):
+        with mod.safe_open(str(p), framework="numpy") as f:
+            sl = f.get_slice("w")
+        np.testing.assert_array_equal(sl[1:3], np.arange(3, 9, dtype=np.float32).reshape(2, 3))
+        # The file itself is closed, as in safetensors.
+        for call in (f.keys, f.metadata, lambda f=f: f.get_tensor("w")):
+            with pytest.raises(Exception, match="closed"):
+                call()
+
+
+def test_slices_index_as_safetensors_does(tmp_path: Path) -> None:
+    p = tmp_path / "m.safetensors"
+    tensors = {
+        "v": np.arange(5, dtype=np.int64),
+        "s": np.array(2.5),
+        "m": np.arange(12, dtype=np.float32).reshape(4, 3),
+    }
+    sn.save_file(tensors, str(p))
+    with (
+        safetensors.safe_open(str(p), framework="numpy") as theirs,
+        fs.safe_open(str(p), framework="numpy") as ours,
+    ):
+        # Every axis picked by an integer: a 0-d array (numpy indexing gives a scalar).
+        for name, key in [("v", 3), ("m", (0, 1)), ("s", ()), ("v", np.int64(-1))]:
+            want, got = theirs.get_slice(name)[key], ours.get_slice(name)[key]
+            assert type(got) is type(want) is np.ndarray, (name, key, type(got))
+            np.testing.assert_array_equal(got, want)
+        # numpy's bool picks an index as Python's does, not a mask.
+        np.testing.assert_array_equal(ours.get_slice("m")[np.True_], tensors["m"][1])
+        # Bad indices are SafetensorErrors, as in safetensors (and out of bounds IndexErrors).
+        for key in [4, -5, (0, 3), (0, 0, 0), slice(None, None, 0)]:
+            with pytest.raises(safetensors.SafetensorError):
+                theirs.get_slice("m")[key]
+            with pytest.raises(SafetensorError):
+                ours.get_slice("m")[key]
+        with pytest.raises(IndexError):
+            ours.get_slice("m")[4]
+
+
+def test_a_numpy_subclass_saves_as_numpy(tmp_path: Path) -> None:
+    class Param(np.ndarray):
+        pass
+
+    t = {"w": np.arange(4, dtype=np.float32).view(Param)}
+    assert fsn.save(t) == sn.save(t)

@@ -453,11 +453,22 @@ def _load_shared(
     return {t.name: load.view(t) for t in tensors}
 
 
-class _Slice:
-    """A tensor whose bytes are read on indexing, only the rows the index needs."""
+class _SliceIndexError(SafetensorError, IndexError):
+    """An index out of a tensor's bounds.
 
-    def __init__(self, owner: safe_open, t: _Tensor) -> None:
-        self._owner, self._t = owner, t
+    A SafetensorError, as safetensors raises, and an IndexError, as numpy and torch raise.
+    """
+
+
+class _Slice:
+    """A tensor whose bytes are read on indexing, only the rows the index needs.
+
+    It keeps the checkpoint's files open for as long as it lives, as safetensors' slices keep
+    the file mapped: indexing works after the ``safe_open`` block that made it has ended.
+    """
+
+    def __init__(self, fw: Framework, ckpt: _Checkpoint, t: _Tensor) -> None:
+        self._fw, self._ckpt, self._t = fw, ckpt, t
 
     def get_shape(self) -> list[int]:
         """Return the tensor's shape."""
@@ -468,17 +479,28 @@ class _Slice:
         return self._t.dtype
 
     def __getitem__(self, key: Any) -> Any:
+        try:
+            got = self._index(key)
+        except SafetensorError:
+            raise
+        except IndexError as e:
+            raise _SliceIndexError(f"tensor {self._t.name}: {e}") from None
+        except ValueError as e:  # a step of 0, more than one Ellipsis, ...
+            raise SafetensorError(f"tensor {self._t.name}: {e}") from None
+        return _zero_d(got)
+
+    def _index(self, key: Any) -> Any:
         t = self._t
         keys = key if isinstance(key, tuple) else (key,)
-        # An integer of any kind (numpy's, or a bool) picks one index, as in safetensors:
-        # `[True]` is `[1]` there, where numpy and torch would read it as a mask.
-        keys = tuple(int(k) if isinstance(k, numbers.Integral) else k for k in keys)
+        # An integer of any kind (numpy's, or a bool, numpy's too) picks one index, as in
+        # safetensors: `[True]` is `[1]` there, where numpy and torch would read it as a mask.
+        keys = tuple(int(k) if _is_integer(k) else k for k in keys)
         key = keys if isinstance(key, tuple) else keys[0]
         first = keys[0] if keys else slice(None)
         rows = t.shape[0] if t.shape else 0
         row_bytes = t.nbytes // rows if rows else 0
         if not t.shape or rows == 0 or row_bytes * rows != t.nbytes:
-            return self._owner._read(t)[key]
+            return self._read(t)[key]
         new_first: int | slice
         if isinstance(first, int):
             i = first + rows if first < 0 else first
@@ -494,12 +516,35 @@ class _Slice:
                 stop = r.stop - lo
                 new_first = slice(r.start - lo, stop if stop >= 0 else None, r.step)
         else:  # Ellipsis, lists, arrays: read everything and let the library index
-            return self._owner._read(t)[key]
+            return self._read(t)[key]
         part = _Tensor(
             t.path, t.name, t.dtype, [hi - lo, *t.shape[1:]],
             t.begin + lo * row_bytes, t.begin + hi * row_bytes,
         )  # fmt: skip
-        return self._owner._read(part)[(new_first, *keys[1:])]
+        return self._read(part)[(new_first, *keys[1:])]
+
+    def _read(self, t: _Tensor) -> Any:
+        return _load_one(self._fw, self._ckpt, t)
+
+
+def _is_integer(k: Any) -> bool:
+    """Whether `k` is an integer index: Python's, numpy's, or a bool of either."""
+    numpy_bool = type(k).__module__ == "numpy" and type(k).__name__ in ("bool", "bool_")
+    return isinstance(k, numbers.Integral) or numpy_bool
+
+
+def _zero_d(x: Any) -> Any:
+    """Return `x`, or a 0-d array where `x` is a numpy scalar.
+
+    Indexing every axis with an integer gives numpy a scalar, safetensors (and torch, CuPy) a
+    0-d array.
+    """
+    if type(x).__module__ == "numpy":
+        import numpy as np
+
+        if isinstance(x, np.generic):
+            return np.asarray(x)
+    return x
 
 
 class safe_open:  # the name of safetensors' class
@@ -589,11 +634,14 @@ class safe_open:  # the name of safetensors' class
     def close(self) -> None:
         """Close the files; leaving the ``with`` block does it.
 
-        Tensors already returned stay valid; reading more raises :class:`SafetensorError`.
+        Tensors already returned stay valid, and so do slices (``get_slice``), which keep the
+        files open while they live, as safetensors' keep the file mapped; anything else raises
+        :class:`SafetensorError` afterwards, as in safetensors.
         """
         ckpt = getattr(self, "_ckpt", None)
         if ckpt is not None:
-            ckpt.close()
+            if not getattr(self, "_lent", False):
+                ckpt.close()
             self._closed = True
 
     def _open_ckpt(self) -> _Checkpoint:
@@ -603,22 +651,22 @@ class safe_open:  # the name of safetensors' class
 
     def keys(self) -> list[str]:
         """Return the tensor names, sorted (as safetensors)."""
-        return sorted(self._ckpt.tensors)
+        return sorted(self._open_ckpt().tensors)
 
     def offset_keys(self) -> list[str]:
         """Return the tensor names in file order (shard by shard, then by data offset)."""
-        return list(self._ckpt.order)
+        return list(self._open_ckpt().order)
 
     def metadata(self) -> dict[str, str] | None:
         """Return the ``__metadata__`` strings (of the first shard opened), or None.
 
         A new dict on each call, as in safetensors: changing it changes nothing here.
         """
-        meta = self._ckpt.metadata
+        meta = self._open_ckpt().metadata
         return None if meta is None else dict(meta)
 
     def _info(self, name: str) -> _Tensor:
-        t = self._ckpt.tensors.get(name)
+        t = self._open_ckpt().tensors.get(name)
         if t is None:
             raise SafetensorError(f"File does not contain tensor {name}")
         return t
@@ -631,8 +679,13 @@ class safe_open:  # the name of safetensors' class
         return self._read(self._info(name))
 
     def get_slice(self, name: str) -> _Slice:
-        """Return a lazy tensor: indexing it reads only the rows (first dimension) needed."""
-        return _Slice(self, self._info(name))
+        """Return a lazy tensor: indexing it reads only the rows (first dimension) needed.
+
+        It stays usable after this file is closed (it keeps the files open while it lives).
+        """
+        t = self._info(name)
+        self._lent = True
+        return _Slice(self._fw, self._ckpt, t)
 
     def get_tensors(self) -> dict[str, Any]:
         """Read every tensor in one parallel read; they share one buffer (see the module).

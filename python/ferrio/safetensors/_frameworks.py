@@ -256,7 +256,10 @@ def to_bytes(name: str, tensor: Any) -> tuple[str, list[int], Any]:
     ``__cuda_array_interface__``), never a copy, except for a non-contiguous numpy or CuPy
     array, which is packed first.
     """
-    module = type(tensor).__module__.split(".")[0]
+    # The library of the tensor's class, or of the first base class of a known library: a
+    # subclass defined elsewhere (`class Param(np.ndarray)`) is still a numpy array.
+    roots = (c.__module__.split(".")[0] for c in type(tensor).__mro__)
+    module = next((r for r in roots if r in ("torch", "numpy", "cupy")), "")
     if module == "torch":
         return _torch_bytes(name, tensor)
     if module in ("numpy", "cupy"):
