@@ -59,7 +59,89 @@ fn invalid(tensor: Option<&str>, rule: impl Into<String>) -> Error {
 
 /// The JSON text's top-level entries in file order, duplicates kept so they can be refused
 /// (`serde_json`'s own maps keep the last value of a repeated key silently).
-struct Entries(Vec<(String, serde_json::Value)>);
+struct Entries(Vec<(String, Entry)>);
+
+/// One top-level value: an object with its fields in order, repeated ones kept (a tensor's
+/// `dtype` given twice is refused, as safetensors refuses it), `null`, or anything else.
+enum Entry {
+    Object(Vec<(String, serde_json::Value)>),
+    Null,
+    Other,
+}
+
+impl Entry {
+    /// The first field given twice, if one is.
+    fn repeated(&self) -> Option<&str> {
+        let Entry::Object(fields) = self else {
+            return None;
+        };
+        let mut seen = std::collections::HashSet::with_capacity(fields.len());
+        fields
+            .iter()
+            .find(|(k, _)| !seen.insert(k.as_str()))
+            .map(|(k, _)| k.as_str())
+    }
+
+    /// As a JSON value (a repeated field's last value wins, as in a JSON map).
+    fn into_value(self) -> serde_json::Value {
+        match self {
+            Entry::Object(fields) => serde_json::Value::Object(fields.into_iter().collect()),
+            Entry::Null => serde_json::Value::Null,
+            Entry::Other => serde_json::Value::Bool(false),
+        }
+    }
+}
+
+impl<'de> de::Deserialize<'de> for Entry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct EntryVisitor;
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = Entry;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Entry, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(field) = map.next_entry::<String, serde_json::Value>()? {
+                    fields.push(field);
+                }
+                Ok(Entry::Object(fields))
+            }
+            fn visit_unit<E: de::Error>(self) -> std::result::Result<Entry, E> {
+                Ok(Entry::Null)
+            }
+            fn visit_none<E: de::Error>(self) -> std::result::Result<Entry, E> {
+                Ok(Entry::Null)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<Entry, E> {
+                Ok(Entry::Other)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> std::result::Result<Entry, E> {
+                Ok(Entry::Other)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<Entry, E> {
+                Ok(Entry::Other)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> std::result::Result<Entry, E> {
+                Ok(Entry::Other)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> std::result::Result<Entry, E> {
+                Ok(Entry::Other)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<Entry, A::Error> {
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                Ok(Entry::Other)
+            }
+        }
+        d.deserialize_any(EntryVisitor)
+    }
+}
 
 impl<'de> de::Deserialize<'de> for Entries {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
@@ -75,7 +157,7 @@ impl<'de> de::Deserialize<'de> for Entries {
             ) -> std::result::Result<Entries, A::Error> {
                 // No size hint is trusted: the JSON text itself bounds the allocation.
                 let mut out = Vec::new();
-                while let Some(entry) = map.next_entry::<String, serde_json::Value>()? {
+                while let Some(entry) = map.next_entry::<String, Entry>()? {
                     out.push(entry);
                 }
                 Ok(Entries(out))
@@ -153,9 +235,15 @@ impl Header {
                 return Err(invalid(Some(&name), "name appears twice in the header"));
             }
             if name == "__metadata__" {
-                metadata = parse_metadata(value)?;
+                metadata = parse_metadata(value.into_value())?;
             } else {
-                tensors.push(parse_tensor(name, value)?);
+                if let Some(field) = value.repeated() {
+                    return Err(invalid(
+                        Some(&name),
+                        format!("field {field:?} appears twice"),
+                    ));
+                }
+                tensors.push(parse_tensor(name, value.into_value())?);
             }
         }
         tensors.sort_by(|a, b| (a.begin, a.end, &a.name).cmp(&(b.begin, b.end, &b.name)));

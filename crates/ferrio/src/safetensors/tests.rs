@@ -88,6 +88,19 @@ fn each_rule_is_named() {
     );
     assert_eq!(name.as_deref(), Some("a"));
     assert!(r.contains("twice"), "{r}");
+    // A field given twice in one entry is refused too, as safetensors refuses it (the last
+    // `dtype` was read): "field \"dtype\" appears twice".
+    let (name, r) = t(
+        r#"{"a":{"dtype":"F32","dtype":"I32","shape":[1],"data_offsets":[0,4]}}"#,
+        4,
+    );
+    assert_eq!(name.as_deref(), Some("a"));
+    assert!(r.contains("\"dtype\" appears twice"), "{r}");
+    // Non-object entries still say so.
+    assert!(t(r#"{"a":[1,2]}"#, 0)
+        .1
+        .contains("entry must be a JSON object"));
+    assert!(t(r#"{"a":7}"#, 0).1.contains("entry must be a JSON object"));
     assert!(t(r#"{"__metadata__":{"k":1}}"#, 0)
         .1
         .contains("not a string"));
