@@ -2,9 +2,10 @@
 
 Files live in memory, in one flat directory. A file whose name contains ``flush-fails`` takes
 its writes, then fails every close (``flush``) of a descriptor opened for writing, and every
-``fsync``, with ``EIO``, as NFS, CIFS or a
-FUSE mount of object storage reports written data that did not reach storage. Needs ``fusepy``
-and libfuse 2 (``conftest.fault_fs`` skips without them).
+``fsync``, with ``EIO``, as NFS, CIFS or a FUSE mount of object storage reports written data
+that did not reach storage. A file whose name contains ``slow`` answers each read after 20 ms,
+as a network file system far away. Needs ``fusepy`` and libfuse 2 (``conftest.fault_fs`` skips
+without them).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from fuse import FUSE, FuseOSError, Operations  # type: ignore[import-untyped]
 
 FAILS = "flush-fails"
+SLOW = "slow"
 
 
 class FaultFs(Operations):  # type: ignore[misc]
@@ -80,6 +82,8 @@ class FaultFs(Operations):  # type: ignore[misc]
         return next(self.handles)
 
     def read(self, path: str, size: int, offset: int, fh: Any) -> bytes:
+        if SLOW in path:
+            time.sleep(0.02)
         with self.lock:
             return bytes(self.files[self._name(path)][offset : offset + size])
 

@@ -60,19 +60,27 @@ impl File {
         dst: *mut u8,
         t: &Task,
     ) -> Result<usize> {
-        let Some(map) = filling.then(|| self.populate_map()).flatten() else {
+        if !filling {
             // SAFETY: forwarded.
             return unsafe { self.read_task(w, dst, t) };
-        };
+        }
+        let map = self.populate_map();
         // A fill task is read through the page cache (`policy::fill_shape`): block by block,
-        // each read into the cache by the kernel first, then copied out.
+        // each read into the cache by the kernel first where it can (`fill_reads=populate`),
+        // then copied out. Between blocks it stops if its request was cancelled: a task is
+        // 64 MiB, seconds on a slow file system, and Ctrl-C must not wait for it.
         let mut done = 0usize;
         while done < t.len {
+            if w.cancelled() {
+                return Err(crate::Error::Cancelled);
+            }
             let off = t.offset + done as u64;
             let block_end = (off / sys::POPULATE_BLOCK + 1) * sys::POPULATE_BLOCK;
             let want = ((block_end - off) as usize).min(t.len - done);
-            // Only advice: the read below finds the file as it is, populated or not.
-            let _ = map.populate(off, want);
+            if let Some(map) = map {
+                // Only advice: the read below finds the file as it is, populated or not.
+                let _ = map.populate(off, want);
+            }
             // SAFETY: `done + want <= t.len`, inside `dst`'s bytes.
             let got = unsafe { self.pread_fallback(dst.add(done), off, want)? };
             done += got;

@@ -52,6 +52,8 @@ use registry::Process;
 pub(crate) struct Worker {
     scratch: Option<AlignedBuf>,
     unsettled: Unsettled,
+    /// The request of the task running on this worker ([`Worker::cancelled`]).
+    running: Option<Arc<Completion>>,
 }
 
 /// Waits for work a task left running on its worker (copies still in flight on a bounce ring's
@@ -87,7 +89,15 @@ impl Worker {
         Worker {
             scratch: None,
             unsettled: Unsettled::default(),
+            running: None,
         }
+    }
+
+    /// Whether the request of the running task was cancelled (or one of its tasks failed): a
+    /// long task that works in steps (a fill of 64 MiB on a slow file system) stops between
+    /// them, rather than finishing work nobody will use.
+    pub(crate) fn cancelled(&self) -> bool {
+        self.running.as_ref().is_some_and(|c| c.is_cancelled())
     }
 
     /// Says that the running task leaves work in flight on this thread: its outcome (and the
@@ -558,7 +568,9 @@ impl DevicePool {
             return;
         }
         let t0 = Instant::now();
+        worker.running = Some(Arc::clone(&job.completion));
         let outcome = (job.run)(worker, task);
+        worker.running = None;
         let c = &self.counters;
         c.busy_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);

@@ -1,13 +1,16 @@
-"""Errors a file system reports only when a file is closed (NFS, CIFS, FUSE mounts of object
-storage: written data that did not reach storage), on a FUSE file system made to fail every
-close of some files (`fault_fs.py`). Python's `close()` raises them and `cp` exits 1: ferrio
+"""File systems that misbehave as network ones do, made with FUSE (`fault_fs.py`).
+
+Errors reported only when a file is closed (NFS, CIFS, FUSE mounts of object storage: written
+data that did not reach storage): Python's `close()` raises them and `cp` exits 1; ferrio
 ignored them, so a copy or a write that never reached storage reported success, and a copy
-replaced its destination with it."""
+replaced its destination with it. And slow reads: a cancelled read stops within a block.
+"""
 
 from __future__ import annotations
 
 import errno
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +75,29 @@ def test_the_cli_write_and_save_file_report_it(fault_fs: Path) -> None:
         save_file({"a": np.ones(9)}, fault_fs / "flush-fails.model.safetensors")
     assert e.value.errno == errno.EIO
     assert not list(fault_fs.glob("*model*"))
+
+
+def test_a_cancelled_cold_read_on_a_slow_file_system_stops_soon(fault_fs: Path) -> None:
+    """A read that fills the page cache goes in 64 MiB tasks; on a file system that answers
+    each 128 KiB after 20 ms one takes about 10 s, and a cancel (Ctrl-C) waited for the
+    tasks running. They now stop between 2 MiB blocks."""
+    path = fault_fs / "slow.bin"
+    body = np.random.default_rng(5).integers(0, 256, 192 << 20, dtype=np.uint8)
+    with open(path, "wb") as f:
+        f.write(body.tobytes())
+    ferrio.drop_cache(path)
+    with ferrio.open(path, cache="keep") as f:
+        buf = np.empty(body.size, dtype=np.uint8)
+        fut = f.pread(buf)
+        time.sleep(0.5)
+        assert fut.cancel()
+        t0 = time.monotonic()
+        with pytest.raises(ferrio.CancelledError):
+            fut.result(timeout=60)
+        took = time.monotonic() - t0
+    assert took < 3.0, f"the cancelled read took {took:.1f} s to stop"
+    # The same file reads whole and right.
+    with ferrio.open(path) as f:
+        again = np.empty(2 << 20, dtype=np.uint8)
+        assert f.read(again, offset=100 << 20) == again.size
+    np.testing.assert_array_equal(again, body[100 << 20 : (100 << 20) + again.size])
