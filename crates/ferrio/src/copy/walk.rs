@@ -106,8 +106,9 @@ impl Copier<'_> {
             let csrc = src.join(&name);
             let cdst = dst.join(&name);
             let cmeta = if self.options.follow_symlinks {
-                // A dangling link cannot be followed: it is copied as the link it is.
-                fs::metadata(&csrc).or_else(|_| fs::symlink_metadata(&csrc))
+                // A dangling link cannot be followed: an error naming it, as `cp -rL` says
+                // "cannot stat" (copying the link would break the promise of -L).
+                fs::metadata(&csrc)
             } else {
                 fs::symlink_metadata(&csrc)
             };

@@ -420,18 +420,22 @@ fn symlinks_are_copied_as_links_unless_followed() {
     assert_same_tree(&src, &dst);
     assert_eq!(fs::read(&outside).unwrap(), b"outside", "untouched");
 
-    // Following: the links' targets are copied (a dangling link stays a link).
+    // Following: the links' targets are copied; a dangling link cannot be followed and is an
+    // error naming it, as in `cp -rL` (it was copied as a link, silently).
     let dst2 = d.path().join("dst2");
     let o = CopyOptions::new().recursive(true).follow_symlinks(true);
     let r = copy([&src], &dst2, &o).unwrap();
-    r.check().unwrap();
+    assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+    assert_eq!(r.errors[0].path, src.join("dangling"));
+    assert!(
+        r.errors[0].error.to_string().contains("No such file"),
+        "{}",
+        r.errors[0].error
+    );
+    assert!(fs::symlink_metadata(dst2.join("dangling")).is_err());
     assert_eq!(fs::read(dst2.join("rel")).unwrap(), b"inside");
     assert_eq!(fs::read(dst2.join("abs")).unwrap(), b"outside");
     assert_eq!(fs::read(dst2.join("up")).unwrap(), b"outside");
-    assert!(fs::symlink_metadata(dst2.join("dangling"))
-        .unwrap()
-        .file_type()
-        .is_symlink());
     assert!(fs::symlink_metadata(dst2.join("dirlink")).unwrap().is_dir());
     assert_eq!(fs::read(dst2.join("dirlink/file")).unwrap(), b"inside");
 
