@@ -842,6 +842,14 @@ def test_s3_missing_key_is_file_not_found(s3: Any) -> None:
     assert e.value.filename == url
 
 
+def test_listing_a_missing_bucket_is_file_not_found(s3: Any, tmp_path: Path) -> None:
+    # It was an OSError holding the store's XML reply.
+    url = "s3://no-such-bucket-ferrio/prefix/"
+    with pytest.raises(FileNotFoundError, match="no such bucket") as e:
+        in_thread(lambda: ferrio.copy(url, tmp_path / "out", recursive=True))
+    assert e.value.filename == url
+
+
 def test_s3_object_replaced_after_open_is_an_error(s3: Any) -> None:
     data = remote_data(3 << 20, seed=3)
     s3.put_object(Bucket=s3.ferrio_bucket, Key="r.bin", Body=data)

@@ -111,6 +111,16 @@ pub(crate) fn list_prefix_until(
     let listed = listed.ok_or(Error::Cancelled)?;
     let listed = listed.map_err(|e| match e {
         object_store::Error::InvalidPath { source } => unsafe_key(url, &source.to_string()),
+        // object_store reports a listing's 404 (S3's NoSuchBucket, say) as a generic error
+        // holding the reply's XML; only the bucket can be missing for a listing.
+        other if other.to_string().contains("404 Not Found") => Error::Open {
+            path: url.into(),
+            mode: "r".into(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such bucket or container",
+            ),
+        },
         other => Error::Open {
             path: url.into(),
             mode: "r".into(),
