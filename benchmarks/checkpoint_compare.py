@@ -268,7 +268,11 @@ def run_child(loader: str, device: str, files: list[str]) -> dict:
     env = dict(os.environ)
     for kv in filter(None, opts.split("+")):
         name, _, value = kv.partition("=")
-        ferrio_setting = base == "ferrio" and name != "PYTHONPATH" and not name.startswith("CKPT_")
+        # `ferrio@cache=bypass` sets FERRIO_CACHE; so does `ferrio@FERRIO_CACHE=bypass` (which
+        # became FERRIO_FERRIO_CACHE, ignored, in session 26's runs 4-5).
+        ferrio_setting = (
+            base == "ferrio" and name != "PYTHONPATH" and not name.startswith(("CKPT_", "FERRIO_"))
+        )
         env["FERRIO_" + name.upper() if ferrio_setting else name] = value
     res = run_python(CHILD, [base, device, *files], env)
     # The disk's view of the load alone, where the child could read it (cold rows show it).
