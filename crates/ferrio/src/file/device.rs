@@ -71,8 +71,8 @@ impl File {
                 self.plan_align(),
             ),
         };
-        let extended = if direction == Direction::Write {
-            self.prepare_write(offset, len, tasks.len())?
+        let ticket = if direction == Direction::Write {
+            Some(self.prepare_write(offset, len, tasks.len())?)
         } else {
             None
         };
@@ -151,7 +151,9 @@ impl File {
             request.max_active = shape.in_flight;
         }
         let completion = self.queue(request);
-        self.undo_if_failed(&completion, extended);
+        if let Some(ticket) = ticket {
+            self.finish_write(&completion, ticket);
+        }
         if let Some(append) = append {
             append.queued(&completion, len);
         }

@@ -14,7 +14,7 @@ pub use mode::Mode;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::buffer::{IoBuf, IoBufMut};
@@ -156,6 +156,13 @@ struct Inner {
     /// Set when a direct call was refused after open (some FUSE file systems): from then on the
     /// file goes through the page cache only.
     direct_refused: AtomicBool,
+    /// Write requests started through this file (any clone), and those not yet done: a write
+    /// that moved the end of the file and then failed puts it back only where no other write
+    /// of the file ran meanwhile (`File::shrink_back`).
+    writes_started: AtomicU64,
+    writes_running: AtomicUsize,
+    /// Set while a failed write puts the end back: a write starting then waits for it.
+    shrinking: AtomicBool,
     /// Where appends go, for modes `a` and `a+`, in the process that opened the file.
     appends: Mutex<Appends>,
     /// The same in a process forked from it (see [`File::appends`]): the parent's may have been
@@ -291,6 +298,9 @@ impl File {
                 direct_fd,
                 direct,
                 direct_refused: AtomicBool::new(false),
+                writes_started: AtomicU64::new(0),
+                writes_running: AtomicUsize::new(0),
+                shrinking: AtomicBool::new(false),
                 appends: Mutex::new(Appends::default()),
                 forked_appends: OnceLock::new(),
                 buffered_write: Mutex::new(()),

@@ -39,6 +39,17 @@ pub(super) struct Extended {
     end: u64,
 }
 
+/// One write request among the file's writes ([`File::prepare_write`]), until it is done
+/// ([`File::finish_write`]).
+pub(super) struct WriteTicket {
+    /// Its number among the writes started through the file.
+    number: u64,
+    /// No other write of the file was running when it started.
+    alone: bool,
+    /// Where it moved the end of the file, if it did.
+    extended: Option<Extended>,
+}
+
 /// Tasks of one buffered write request to a local file that may run at once (see
 /// `File::write_cap`).
 const BUFFERED_WRITES_IN_FLIGHT: usize = 2;
@@ -59,7 +70,7 @@ impl File {
         let append = self.append_slot();
         let offset = append.as_ref().map_or(offset, |a| a.offset);
         let tasks = self.plan(offset, len)?;
-        let extended = self.prepare_write(offset, len, tasks.len())?;
+        let ticket = self.prepare_write(offset, len, tasks.len())?;
         let file = self.clone();
         let base = Addr(ptr as usize);
         let run = Box::new(move |w: &mut Worker, t: &Task| {
@@ -70,34 +81,60 @@ impl File {
             unsafe { file.write_task(w, src, t) }
         });
         let completion = self.queue(self.request(tasks, offset, len, Direction::Write, run));
-        self.undo_if_failed(&completion, extended);
+        self.finish_write(&completion, ticket);
         if let Some(append) = append {
             append.queued(&completion, len);
         }
         Ok(completion)
     }
 
-    /// Where a write moved the end of the file before it ran ([`File::extend_for_direct_write`])
-    /// and then fails or is cancelled, puts the end back where it was (once the write's tasks
-    /// are done, before its future resolves), unless something else moved it meanwhile: the
-    /// file would otherwise keep zeros it was never given, and appends would land after them.
-    pub(super) fn undo_if_failed(&self, completion: &Arc<Completion>, extended: Option<Extended>) {
-        let Some(Extended { before, end }) = extended else {
-            return;
-        };
+    /// Counts a write request as started and running ([`WriteTicket`]); waits while a failed
+    /// write of the file puts the end back (`shrink_back`), so that this one sees the size after.
+    fn begin_write(&self) -> (u64, bool) {
+        let inner = &self.inner;
+        let alone = inner.writes_running.fetch_add(1, Ordering::SeqCst) == 0;
+        let number = inner.writes_started.fetch_add(1, Ordering::SeqCst) + 1;
+        // A forked child may have inherited the flag set by a thread it does not have.
+        while inner.shrinking.load(Ordering::SeqCst) && inner.opened_by == sys::process_id() {
+            std::thread::yield_now();
+        }
+        (number, alone)
+    }
+
+    /// Once the write of `ticket` is done: where it moved the end of the file
+    /// ([`File::extend_for_direct_write`]) and then failed or was cancelled, puts the end back
+    /// where it was (before its future resolves), if no other write of the file ran while it did
+    /// and the size is still what it made it. The file would otherwise keep zeros it was never
+    /// given, and appends would land after them. (Another handle or process writing into that
+    /// range meanwhile is not seen: its bytes there would go with the undone end.)
+    pub(super) fn finish_write(&self, completion: &Arc<Completion>, ticket: WriteTicket) {
         let file = self.clone();
         completion.on_done(Box::new(move |outcome| {
-            if outcome.is_err() {
-                file.shrink_back(before, end);
+            if let (Err(_), Some(extended), true) = (outcome, ticket.extended, ticket.alone) {
+                file.shrink_back(extended, ticket.number);
             }
+            file.inner.writes_running.fetch_sub(1, Ordering::SeqCst);
         }));
     }
 
-    /// Truncates the file to `before` if its size is still `end` (best effort).
-    fn shrink_back(&self, before: u64, end: u64) {
-        if sys::fstat(self.fd()).is_ok_and(|st| st.st_size as u64 == end) {
-            let _ = sys::ftruncate(self.fd(), before);
+    /// Truncates the file back to `extended.before` if write `number` is still the last one
+    /// started and the size is still `extended.end` (best effort).
+    fn shrink_back(&self, extended: Extended, number: u64) {
+        let inner = &self.inner;
+        let last = || inner.writes_started.load(Ordering::SeqCst) == number;
+        if !last()
+            || inner
+                .shrinking
+                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            return;
         }
+        // Checked again with the flag set: a write that starts from here on waits for it.
+        if last() && sys::fstat(self.fd()).is_ok_and(|st| st.st_size as u64 == extended.end) {
+            let _ = sys::ftruncate(self.fd(), extended.before);
+        }
+        inner.shrinking.store(false, Ordering::SeqCst);
     }
 
     /// In append modes, where the next write goes: the end of the file now, or past this
@@ -136,18 +173,30 @@ impl File {
     /// Before a write is queued: measures the device's writes where the policy needs that to
     /// choose the write's path ([`File::write_probe`]), then preallocates for a direct write
     /// that extends the file ([`File::extend_for_direct_write`]).
+    /// The ticket of the write, to be handed to [`File::finish_write`] once it is queued.
     pub(super) fn prepare_write(
         &self,
         offset: u64,
         len: usize,
         tasks: usize,
-    ) -> Result<Option<Extended>> {
+    ) -> Result<WriteTicket> {
         // A write smaller than the probe itself does not pay for it: until a larger one has
         // measured the device, it goes as an unmeasured device's writes do (direct when cold).
         if len as u64 >= policy::WRITE_PROBE_MIN_WRITE {
             self.write_probe(offset + len as u64);
         }
-        self.extend_for_direct_write(offset, len, tasks)
+        let (number, alone) = self.begin_write();
+        match self.extend_for_direct_write(offset, len, tasks, (number, alone)) {
+            Ok(extended) => Ok(WriteTicket {
+                number,
+                alone,
+                extended,
+            }),
+            Err(e) => {
+                self.inner.writes_running.fetch_sub(1, Ordering::SeqCst);
+                Err(e)
+            }
+        }
     }
 
     /// The device's write probe ([`policy::WriteProbe`]), measured now (once per process and
@@ -189,6 +238,7 @@ impl File {
         offset: u64,
         len: usize,
         tasks: usize,
+        (number, alone): (u64, bool),
     ) -> Result<Option<Extended>> {
         let end = offset + len as u64;
         if tasks < 2
@@ -215,8 +265,13 @@ impl File {
                     .is_some_and(|c| c == libc::ENOSPC || c == libc::EDQUOT) =>
             {
                 if let Ok(st) = sys::fstat(self.fd()) {
-                    if st.st_size as u64 > size && st.st_size as u64 <= end {
-                        self.shrink_back(size, st.st_size as u64);
+                    let now = st.st_size as u64;
+                    if alone && now > size && now <= end {
+                        let extended = Extended {
+                            before: size,
+                            end: now,
+                        };
+                        self.shrink_back(extended, number);
                     }
                 }
                 Err(e)
