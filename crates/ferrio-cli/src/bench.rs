@@ -114,7 +114,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     let human = !a.io.json;
     let say = |msg: &str| {
         if human && std::io::stderr().is_terminal() {
-            eprintln!("{msg}");
+            say!("{msg}");
         }
     };
 

@@ -103,7 +103,7 @@ fn distinct(sources: &[PathBuf]) -> Vec<PathBuf> {
         if seen.insert(key) {
             kept.push(src.clone());
         } else {
-            eprintln!(
+            say!(
                 "ferrio: warning: source {} given more than once; copied once",
                 src.display()
             );
@@ -211,10 +211,10 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
         )),
         n => {
             for e in report.errors.iter().take(MAX_ERROR_LINES) {
-                eprintln!("ferrio: {}", one_line(&e.to_string()));
+                say!("ferrio: {}", one_line(&e.to_string()));
             }
             if n > MAX_ERROR_LINES {
-                eprintln!("ferrio: ... and {} more", n - MAX_ERROR_LINES);
+                say!("ferrio: ... and {} more", n - MAX_ERROR_LINES);
             }
             Err(anyhow::anyhow!(
                 "{n} of {} entries could not be copied",

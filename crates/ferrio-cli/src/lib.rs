@@ -3,8 +3,17 @@
 //!
 //! Exit status: 0 on success (also when stdout is a closed pipe), 2 on bad usage or input
 //! (unknown flags, bad sizes, missing files, bad `FERRIO_*` values), 1 when I/O fails, 130 after
-//! Ctrl-C, 143 after `SIGTERM` (both clean up first). Errors are one line on stderr, never a
-//! panic or a backtrace.
+//! Ctrl-C, 143 after `SIGTERM`, 129 after `SIGHUP` (all clean up first). Errors are one line on
+//! stderr, never a panic or a backtrace.
+
+/// `eprintln!` that never panics: where stderr is a closed pipe or a hung-up terminal (`EIO`
+/// after `SIGHUP`), the line is lost, not the exit status (`eprintln!` panics, exit 101).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
 
 mod bench;
 mod cp;
@@ -72,7 +81,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         }
     };
     if let Some(err) = ferrio::Settings::env_error() {
-        eprintln!("ferrio: {err}");
+        say!("ferrio: {err}");
         return 2;
     }
     host::raise_open_file_limit();
@@ -94,7 +103,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
 fn report(e: &anyhow::Error) -> i32 {
     if e.downcast_ref::<Interrupted>().is_some() {
         let (message, status) = interrupt::exit_status();
-        eprintln!("ferrio: {message}");
+        say!("ferrio: {message}");
         return status;
     }
     if let Some(io) = e.downcast_ref::<std::io::Error>() {
@@ -102,7 +111,7 @@ fn report(e: &anyhow::Error) -> i32 {
             return 0;
         }
     }
-    eprintln!("ferrio: {}", one_line(e));
+    say!("ferrio: {}", one_line(e));
     if e.downcast_ref::<UsageError>().is_some() {
         return 2;
     }

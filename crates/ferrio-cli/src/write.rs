@@ -94,7 +94,7 @@ impl Opened {
             if damaged.len() == 1 { "is" } else { "are" }
         );
         if e.downcast_ref::<Interrupted>().is_some() {
-            eprintln!("ferrio: {note}");
+            say!("ferrio: {note}");
             return e;
         }
         e.context(note)

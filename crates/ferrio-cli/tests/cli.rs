@@ -514,3 +514,28 @@ fn a_url_of_a_scheme_ferrio_does_not_open_says_so() {
         "{o:?}"
     );
 }
+
+#[test]
+fn an_error_with_stderr_gone_keeps_its_exit_status() {
+    // A hung-up terminal (after SIGHUP) or a closed pipe: writing the error line fails, and
+    // `eprintln!` panicked (exit 101) instead of exiting 2.
+    let mut fds = [0; 2];
+    // SAFETY: `pipe` writes two descriptors into the array it is given.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both are ours; the read end is closed at once, so writes to the other fail.
+    let (read_end, write_end) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    drop(read_end);
+    let status = ferrio()
+        .args(["read", "/no/such/file/anywhere"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write_end))
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(2), "{status:?}");
+}

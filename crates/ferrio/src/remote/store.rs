@@ -77,10 +77,12 @@ pub fn is_remote_url(s: &str) -> bool {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for a `file:` URL that names no local path: another host
-/// (`file://server/share/x`), a relative path, a query or a fragment.
+/// (`file://server/share/x`), a query or a fragment.
 pub fn file_url_path(s: &str) -> Option<Result<std::path::PathBuf>> {
-    let scheme = s.get(..5)?;
-    if !scheme.eq_ignore_ascii_case("file:") {
+    // `file:/...` only: `file:x` or `file:` is a relative name like any other (a URL parser
+    // would make it `/x`, or `/`).
+    let scheme = s.get(..6)?;
+    if !scheme.eq_ignore_ascii_case("file:/") {
         return None;
     }
     let bad = |why: &str| Error::InvalidArgument(format!("bad file URL {s:?}: {why}"));
@@ -837,7 +839,15 @@ mod tests {
         for bad in ["file://server/share/x", "file:///x?y", "file:///x#y"] {
             assert!(file_url_path(bad).unwrap().is_err(), "{bad}");
         }
-        for not in ["/data/x", "s3://b/k", "files/x", "fil"] {
+        for not in [
+            "/data/x",
+            "s3://b/k",
+            "files/x",
+            "fil",
+            "file:x",
+            "file:",
+            "file:sub/x",
+        ] {
             assert!(file_url_path(not).is_none(), "{not}");
         }
     }
