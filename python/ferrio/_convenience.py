@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ferrio._native import RemoteFile as _RemoteFile
+from ferrio._native import local_path as _local_path
 from ferrio._native import open as _open
 
 # The largest file `fromfile` reads to its end with one plain read when `count` is -1 (a sysfs
@@ -51,6 +52,7 @@ def fromfile(
         raise ValueError(f"offset must be at least 0, not {offset}")
     if shape is not None and count != -1:
         raise ValueError("give count or shape, not both")
+    path = _local_path(path)  # a file:/ URL's path: the small-file read below opens it too
     with _open(path, "r") as f:
         local = not isinstance(f, _RemoteFile)  # an object's size is what it holds
         if local and shape is None and count < 0 and f.size <= _SMALL_FILE:

@@ -103,7 +103,11 @@ class File:
         should open with ``cache="bypass"``.
         """
     def close(self) -> None:
-        """Close the file; later calls raise ValueError."""
+        """Close the file; later calls raise ValueError.
+
+        Writes still running finish first; what closing says (a network or FUSE file system's
+        EIO or ENOSPC for written data) raises OSError, and the file is closed all the same.
+        """
     @property
     def closed(self) -> bool:
         """Whether the file is closed."""

@@ -4,8 +4,8 @@ Files live in memory, in one flat directory. A file whose name contains ``flush-
 its writes, then fails every close (``flush``) of a descriptor opened for writing, and every
 ``fsync``, with ``EIO``, as NFS, CIFS or a FUSE mount of object storage reports written data
 that did not reach storage. A file whose name contains ``slow`` answers each read after 20 ms,
-as a network file system far away. Needs ``fusepy`` and libfuse 2 (``conftest.fault_fs`` skips
-without them).
+as a network file system far away; one whose name contains ``slow-writes`` each write too.
+Needs ``fusepy`` and libfuse 2 (``conftest.fault_fs`` skips without them).
 """
 
 from __future__ import annotations
@@ -23,19 +23,20 @@ from fuse import FUSE, FuseOSError, Operations  # type: ignore[import-untyped]
 
 FAILS = "flush-fails"
 SLOW = "slow"
+SLOW_WRITES = "slow-writes"
 
 
 class FaultFs(Operations):  # type: ignore[misc]
     def __init__(self) -> None:
         self.files: dict[str, bytearray] = {}
         self.modes: dict[str, int] = {}
-        self.lock = threading.Lock()
+        self._mutex = threading.Lock()
         self.handles = itertools.count(1)
         self.writers: set[int] = set()  # handles opened for writing
 
     def _writer(self) -> int:
         fh = next(self.handles)
-        with self.lock:
+        with self._mutex:
             self.writers.add(fh)
         return fh
 
@@ -50,7 +51,7 @@ class FaultFs(Operations):  # type: ignore[misc]
         if path == "/":
             return {"st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2, "st_size": 0}
         name = self._name(path)
-        with self.lock:
+        with self._mutex:
             if name not in self.files:
                 raise FuseOSError(errno.ENOENT)
             size = len(self.files[name])
@@ -65,12 +66,12 @@ class FaultFs(Operations):  # type: ignore[misc]
         }
 
     def readdir(self, path: str, fh: Any) -> list[str]:
-        with self.lock:
+        with self._mutex:
             return [".", "..", *self.files]
 
     def create(self, path: str, mode: int, fi: Any = None) -> int:
         name = self._name(path)
-        with self.lock:
+        with self._mutex:
             self.files[name] = bytearray()
             self.modes[name] = mode & 0o7777
         return self._writer()
@@ -84,11 +85,13 @@ class FaultFs(Operations):  # type: ignore[misc]
     def read(self, path: str, size: int, offset: int, fh: Any) -> bytes:
         if SLOW in path:
             time.sleep(0.02)
-        with self.lock:
+        with self._mutex:
             return bytes(self.files[self._name(path)][offset : offset + size])
 
     def write(self, path: str, data: bytes, offset: int, fh: Any) -> int:
-        with self.lock:
+        if SLOW_WRITES in path:
+            time.sleep(0.02)
+        with self._mutex:
             body = self.files[self._name(path)]
             if len(body) < offset:
                 body.extend(bytes(offset - len(body)))
@@ -96,23 +99,23 @@ class FaultFs(Operations):  # type: ignore[misc]
         return len(data)
 
     def truncate(self, path: str, length: int, fh: Any = None) -> None:
-        with self.lock:
+        with self._mutex:
             body = self.files[self._name(path)]
             del body[length:]
             body.extend(bytes(length - len(body)))
 
     def unlink(self, path: str) -> None:
-        with self.lock:
+        with self._mutex:
             self.files.pop(self._name(path), None)
             self.modes.pop(self._name(path), None)
 
     def rename(self, old: str, new: str) -> None:
-        with self.lock:
+        with self._mutex:
             self.files[self._name(new)] = self.files.pop(self._name(old))
             self.modes[self._name(new)] = self.modes.pop(self._name(old))
 
     def chmod(self, path: str, mode: int) -> None:
-        with self.lock:
+        with self._mutex:
             self.modes[self._name(path)] = mode & 0o7777
 
     def chown(self, path: str, uid: int, gid: int) -> None:
@@ -122,7 +125,7 @@ class FaultFs(Operations):  # type: ignore[misc]
         pass
 
     def flush(self, path: str, fh: int) -> None:
-        with self.lock:
+        with self._mutex:
             writer = fh in self.writers
         if FAILS in path and writer:
             raise FuseOSError(errno.EIO)
@@ -132,7 +135,7 @@ class FaultFs(Operations):  # type: ignore[misc]
             raise FuseOSError(errno.EIO)
 
     def release(self, path: str, fh: int) -> None:
-        with self.lock:
+        with self._mutex:
             self.writers.discard(fh)
 
 

@@ -43,6 +43,17 @@ def test_close_raises_what_closing_says(fault_fs: Path) -> None:
     assert e.value.errno == errno.EIO
 
 
+def test_close_waits_for_writes_in_flight_and_says_what_closing_says(fault_fs: Path) -> None:
+    # The check ran before a write still in flight had finished, so it said nothing of it.
+    f = ferrio.open(fault_fs / "slow-writes-flush-fails.bin", "w", cache="keep")
+    fut = f.pwrite(np.ones(1 << 20, dtype=np.uint8), offset=0)
+    with pytest.raises(OSError) as e:
+        f.close()
+    assert e.value.errno == errno.EIO
+    assert fut.done(), "close() returned before the write in flight was done"
+    assert fut.result() == 1 << 20
+
+
 def test_a_copy_that_fails_at_close_replaces_nothing(fault_fs: Path, tmp_path: Path) -> None:
     src = tmp_path / "src.bin"
     src.write_bytes(b"new" * 10_000)

@@ -701,6 +701,9 @@ def test_file_urls_name_local_files(tmp_path: Path) -> None:
         f.read(buf)
     assert bytes(buf) == body
     assert ferrio.fromfile(url).tobytes() == body
+    small = tmp_path / "small.bin"  # read to its end with one plain read (sysfs, procfs)
+    small.write_bytes(b"0123456789")
+    assert ferrio.fromfile(small.as_uri()).tobytes() == b"0123456789"
     out = tmp_path / "out dir"
     out.mkdir()
     ferrio.copy(url, out.as_uri() + "/")

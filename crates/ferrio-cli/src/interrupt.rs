@@ -104,13 +104,17 @@ impl CtrlC {
         for signal in SIGNALS {
             // SAFETY: as above, zeroed memory is a valid `sigaction` for the kernel to fill.
             let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-            // SAFETY: both pointers refer to live, initialised `sigaction` values; the handler
-            // only stores to an atomic, which is async-signal-safe.
-            if unsafe { libc::sigaction(signal, &action, &mut old) } == 0 {
-                if old.sa_sigaction == libc::SIG_IGN {
-                    // SAFETY: `old` is the disposition the kernel just gave back.
-                    unsafe { libc::sigaction(signal, &old, std::ptr::null_mut()) };
-                }
+            // Asked first: a signal ignored from the start (`nohup`) is left ignored, with no
+            // moment in which our handler would catch it.
+            // SAFETY: a null new action only reads the disposition into the live `old`.
+            if unsafe { libc::sigaction(signal, std::ptr::null(), &mut old) } != 0
+                || old.sa_sigaction == libc::SIG_IGN
+            {
+                continue;
+            }
+            // SAFETY: `action` is a live, initialised `sigaction`; the handler only stores to
+            // an atomic, which is async-signal-safe.
+            if unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) } == 0 {
                 previous.push((signal, old));
             }
         }

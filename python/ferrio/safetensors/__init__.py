@@ -492,8 +492,9 @@ class _Slice:
     def _index(self, key: Any) -> Any:
         t = self._t
         keys = key if isinstance(key, tuple) else (key,)
-        # An integer of any kind (numpy's, or a bool, numpy's too) picks one index, as in
-        # safetensors: `[True]` is `[1]` there, where numpy and torch would read it as a mask.
+        # An integer of any kind (numpy's, or a bool) picks one index, as in safetensors:
+        # `[True]` is `[1]` there, where numpy and torch would read it as a mask. numpy's bool,
+        # which safetensors refuses, is taken as Python's is, not as a mask.
         keys = tuple(int(k) if _is_integer(k) else k for k in keys)
         key = keys if isinstance(key, tuple) else keys[0]
         first = keys[0] if keys else slice(None)

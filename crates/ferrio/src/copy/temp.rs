@@ -1,5 +1,6 @@
 //! Temporary names: a hidden `.NAME.ferrio-PID-HHHHXXXXXX` next to each destination (the
-//! copying process's id, a tag of this machine's host name, six random characters), removed
+//! copying process's id, a tag of this machine's host name and process id namespace, six random
+//! characters), removed
 //! unless it is renamed into place; and the sweep that removes such names left by a process that
 //! no longer exists (killed with `SIGKILL`, or a crash), so a re-run cleans up after its
 //! predecessor.

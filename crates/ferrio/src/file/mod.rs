@@ -504,10 +504,17 @@ impl File {
 
     /// Closes this handle and reports what closing the file says, as `close(2)` does: NFS,
     /// FUSE and other network file systems may report only then that written data did not
-    /// reach storage (`EIO`, `ENOSPC`). The descriptors themselves close with the last clone
-    /// and the last request in flight. Dropping a `File` closes it without the report.
+    /// reach storage (`EIO`, `ENOSPC`). Writes of the file still running finish first, so that
+    /// what closing says covers them. The descriptors themselves close with the last clone and
+    /// the last request in flight. Dropping a `File` closes it without the report.
     pub fn close(self) -> Result<()> {
         if self.inner.mode.writable() {
+            // Only in the process that started them: a forked child's count is the parent's.
+            while self.inner.writes_running.load(Ordering::SeqCst) > 0
+                && self.inner.opened_by == sys::process_id()
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             for fd in std::iter::once(&self.inner.fd).chain(&self.inner.direct_fd) {
                 sys::close_checked(fd.as_fd()).map_err(|e| self.err(Op::Close, 0, 0, e))?;
             }
@@ -706,10 +713,7 @@ pub(crate) fn open_checked(path: &Path, flags: libc::c_int) -> std::io::Result<O
     Ok(fd)
 }
 
-/// `source` for a path that does not exist, told where the path reads as a URL of a scheme
-/// ferrio does not open (`ftp://host/x`, `file:///x`): a plain "No such file or directory"
-/// would not say why. Any other error is returned as it is.
-/// `path`, or the local path it names as a `file://` URL ([`crate::remote::file_url_path`]).
+/// `path`, or the local path it names as a `file:/` URL ([`crate::remote::file_url_path`]).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for a `file:` URL that names no local path.
@@ -720,6 +724,9 @@ pub fn local_path(path: &Path) -> Result<std::borrow::Cow<'_, Path>> {
     }
 }
 
+/// `source` for a path that does not exist, told where the path reads as a URL of a scheme
+/// ferrio does not open (`ftp://host/x`): a plain "No such file or directory" would not say
+/// why. Any other error is returned as it is.
 pub(crate) fn unknown_scheme_hint(path: &Path, source: std::io::Error) -> std::io::Error {
     if source.kind() != std::io::ErrorKind::NotFound {
         return source;

@@ -72,35 +72,76 @@ pub fn is_remote_url(s: &str) -> bool {
     SCHEMES.iter().any(|p| lower.starts_with(p))
 }
 
-/// The local path a `file://` URL names (`file:///data/x%20y.bin` is `/data/x y.bin`), read by
-/// the local engine as the path itself is; `None` where `s` is no `file:` URL.
+/// The local path a `file:/` URL names (`file:///data/x%20y.bin` is `/data/x y.bin`), read by
+/// the local engine as the path itself is; `None` where `s` is no `file:/` URL (`file:x` is a
+/// relative name like any other). The path is taken as written, percent-decoded byte for byte:
+/// `.` and `..` segments and a trailing `/` keep their meaning for the file system (`cp -r
+/// file:///src/. DST` copies the contents), where a URL parser would resolve or drop them.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for a `file:` URL that names no local path: another host
-/// (`file://server/share/x`), a query or a fragment.
+/// (`file://server/share/x`), a query or a fragment, a control character, a bad escape, or a
+/// NUL (`%00`).
 pub fn file_url_path(s: &str) -> Option<Result<std::path::PathBuf>> {
-    // `file:/...` only: `file:x` or `file:` is a relative name like any other (a URL parser
-    // would make it `/x`, or `/`).
+    use std::os::unix::ffi::OsStringExt;
     let scheme = s.get(..6)?;
     if !scheme.eq_ignore_ascii_case("file:/") {
         return None;
     }
     let bad = |why: &str| Error::InvalidArgument(format!("bad file URL {s:?}: {why}"));
-    Some(match Url::parse(s) {
-        Err(e) => Err(bad(&e.to_string())),
-        Ok(u) if u.query().is_some() || u.fragment().is_some() => Err(bad(
+    let rest = &s[5..];
+    // `file://host/path` or `file:/path`.
+    let path = match rest.strip_prefix("//") {
+        Some(authority_and_path) => {
+            let (host, path) = match authority_and_path.find('/') {
+                Some(at) => authority_and_path.split_at(at),
+                None => (authority_and_path, ""),
+            };
+            if !host.is_empty() && !host.eq_ignore_ascii_case("localhost") {
+                return Some(Err(bad(
+                    "it names another host; only this machine's files are opened",
+                )));
+            }
+            if path.is_empty() {
+                return Some(Err(bad("it names no path")));
+            }
+            path
+        }
+        None => rest,
+    };
+    if path.contains(['?', '#']) {
+        return Some(Err(bad(
             "a '?' or '#' is not part of a path here: percent-encode them as %3F and %23",
-        )),
-        Ok(u) if !matches!(u.host_str(), None | Some("" | "localhost")) => Err(bad(
-            "it names another host; only this machine's files are opened",
-        )),
-        Ok(u) => u
-            .to_file_path()
-            .map_err(|()| bad("it names no absolute local path")),
-    })
+        )));
+    }
+    if path.chars().any(char::is_control) {
+        return Some(Err(bad(
+            "control characters are not kept in a URL: percent-encode them (%09, ...)",
+        )));
+    }
+    let raw = path.as_bytes();
+    let mut bytes = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%' {
+            let hex = raw
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
+            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                Some(0) => return Some(Err(bad("%00 cannot be in a path"))),
+                Some(b) => bytes.push(b),
+                None => return Some(Err(bad("a '%' that starts no escape: write it as %25"))),
+            }
+            i += 3;
+        } else {
+            bytes.push(raw[i]);
+            i += 1;
+        }
+    }
+    Some(Ok(std::ffi::OsString::from_vec(bytes).into()))
 }
 
-/// Where `s` reads as a URL (`scheme://...`) of a scheme ferrio does not open (`ftp`, `file`),
+/// Where `s` reads as a URL (`scheme://...`) of a scheme ferrio does not open (`ftp`, say),
 /// a sentence saying so, for an error that would otherwise say only "No such file or
 /// directory".
 pub fn unsupported_url_scheme(s: &str) -> Option<String> {
@@ -836,7 +877,31 @@ mod tests {
                 "{url}"
             );
         }
-        for bad in ["file://server/share/x", "file:///x?y", "file:///x#y"] {
+        // As written: `.`, `..` and a trailing `/` kept, bytes that are no UTF-8 too.
+        for (url, path) in [
+            ("file:///src/.", "/src/."),
+            ("file:///a/link/../b/", "/a/link/../b/"),
+            ("file:/x%2Fy", "/x/y"),
+            ("file:///a%5Cb", "/a\\b"),
+        ] {
+            assert_eq!(
+                file_url_path(url).unwrap().unwrap(),
+                PathBuf::from(path),
+                "{url}"
+            );
+        }
+        use std::os::unix::ffi::OsStrExt;
+        let latin1 = file_url_path("file:///caf%E9").unwrap().unwrap();
+        assert_eq!(latin1.as_os_str().as_bytes(), b"/caf\xe9");
+        for bad in [
+            "file://server/share/x",
+            "file:///x?y",
+            "file:///x#y",
+            "file:///x%00y",
+            "file:///x\ty",
+            "file:///x%zz",
+            "file://localhost",
+        ] {
             assert!(file_url_path(bad).unwrap().is_err(), "{bad}");
         }
         for not in [

@@ -70,7 +70,8 @@ enum Entry {
 }
 
 impl Entry {
-    /// The first field given twice, if one is.
+    /// The first of a tensor's fields (`dtype`, `shape`, `data_offsets`) given twice, if one
+    /// is (safetensors refuses those, and ignores other fields, repeated or not).
     fn repeated(&self) -> Option<&str> {
         let Entry::Object(fields) = self else {
             return None;
@@ -78,11 +79,14 @@ impl Entry {
         let mut seen = std::collections::HashSet::with_capacity(fields.len());
         fields
             .iter()
-            .find(|(k, _)| !seen.insert(k.as_str()))
             .map(|(k, _)| k.as_str())
+            .filter(|k| matches!(*k, "dtype" | "shape" | "data_offsets"))
+            .find(|k| !seen.insert(*k))
     }
 
-    /// As a JSON value (a repeated field's last value wins, as in a JSON map).
+    /// As a JSON value (a repeated field's last value wins, as in a JSON map). What was
+    /// neither an object nor null becomes `false`: the rules that read it (`parse_tensor`,
+    /// `parse_metadata`) refuse any value that is not an object, whatever it was.
     fn into_value(self) -> serde_json::Value {
         match self {
             Entry::Object(fields) => serde_json::Value::Object(fields.into_iter().collect()),

@@ -96,6 +96,12 @@ fn each_rule_is_named() {
     );
     assert_eq!(name.as_deref(), Some("a"));
     assert!(r.contains("\"dtype\" appears twice"), "{r}");
+    // Other fields are ignored, repeated or not, as safetensors ignores them.
+    let extra = file(
+        r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1,"x":2}}"#,
+        1,
+    );
+    assert!(Header::parse(&extra, extra.len() as u64).is_ok());
     // Non-object entries still say so.
     assert!(t(r#"{"a":[1,2]}"#, 0)
         .1

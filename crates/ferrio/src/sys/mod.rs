@@ -442,13 +442,23 @@ pub fn fdatasync(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// What closing `fd` would report, found by closing a duplicate of it: every `close(2)` of an
 /// open file runs the file system's flush, which is where NFS, FUSE and other network file
 /// systems report that written data did not reach storage (`EIO`, `ENOSPC`, `EDQUOT`). `fd`
-/// itself stays open for whoever still uses it. A file system without such a flush returns `Ok`.
+/// itself stays open for whoever still uses it. A file system without such a flush returns `Ok`,
+/// and so does a process with no descriptor to spare for the duplicate (`EMFILE`, `ENFILE`:
+/// nothing can be learnt then, and the close itself has not failed) or a close interrupted by a
+/// signal (`EINTR`: the descriptor is freed, and its flush's outcome cannot be known).
 pub fn close_checked(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: `F_DUPFD_CLOEXEC` makes a new descriptor of the open `fd`; nothing else owns it.
-    let copy = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
+    let copy = match cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) }) {
+        Ok(copy) => copy,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => return Ok(()),
+        Err(e) => return Err(e),
+    };
     // SAFETY: `copy` was just made and is closed exactly once, here. Linux frees the descriptor
     // whatever `close` returns, so it is never closed again.
-    cvt(unsafe { libc::close(copy) }).map(|_| ())
+    match cvt(unsafe { libc::close(copy) }) {
+        Err(e) if e.raw_os_error() != Some(libc::EINTR) => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// `sync(2)`: flushes every file system's dirty data.
