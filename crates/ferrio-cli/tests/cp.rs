@@ -378,23 +378,31 @@ fn signal_mid_copy(signal: libc::c_int, code: i32) {
     fs::create_dir(&out).unwrap();
     fs::write(out.join("big"), b"old content").unwrap();
     // Small tasks, one thread, read + write and a verify: slow enough to be caught mid-copy.
-    let mut child = ferrio()
-        .args([
-            "cp",
-            "--threads",
-            "1",
-            "--task-size",
-            "64KiB",
-            "--method",
-            "read-write",
-            "--verify",
-        ])
-        .arg(&src)
-        .arg(&out)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut cmd = ferrio();
+    cmd.args([
+        "cp",
+        "--threads",
+        "1",
+        "--task-size",
+        "64KiB",
+        "--method",
+        "read-write",
+        "--verify",
+    ])
+    .arg(&src)
+    .arg(&out)
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    // The copy starts with the signal's default action, as from a terminal: a test run under
+    // `nohup` would otherwise hand it an ignored SIGHUP, which the copy rightly keeps ignoring.
+    // SAFETY: `signal` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            libc::signal(signal, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
     let t0 = Instant::now();
     while temp_files(&out).is_empty() && t0.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(2));
