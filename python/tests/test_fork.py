@@ -163,3 +163,62 @@ def test_awaits_and_callbacks_work_in_a_forked_child(two_mib: tuple[Path, np.nda
     results = _map_with_deadline("fork", _await_and_call_back, [str(path)] * 2)
     assert results == [(MIB, True)] * 2
     assert _await_and_call_back(str(path)) == (MIB, True)
+
+
+def _wait_child(pid: int, deadline_s: float) -> int:
+    """The exit code of child `pid`, or -1 when it did not end within `deadline_s` (killed)."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -1
+
+
+def test_a_forked_child_sees_the_parents_running_read_end(tmp_path: Path) -> None:
+    """A child forked while the parent's read runs, with a done callback waiting: the read's
+    tasks do not run in the child, so there its future fails at once. A callback added in the
+    child ran never, and an await never ended (the child inherited the parent's "the engine
+    will call the dispatcher" flag, and neither the parent's workers nor its dispatcher)."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no os.fork here")
+    path = tmp_path / "big.bin"
+    np.ones(64 * MIB, np.uint8).tofile(path)
+    f = ferrio.open(path, task_size=256 << 10)
+    fut = f.pread(np.empty(64 * MIB, np.uint8))
+    parent_called = threading.Event()
+    fut.add_done_callback(lambda _: parent_called.set())
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            called = threading.Event()
+            fut.add_done_callback(lambda _: called.set())
+            if not called.wait(DEADLINE_S / 4):
+                code = 4
+            elif not fut.done() or not isinstance(fut.exception(), ValueError):
+                code = 5
+            else:
+
+                async def wait() -> None:
+                    await asyncio.wait_for(fut, DEADLINE_S / 4)
+
+                try:
+                    asyncio.run(wait())
+                    code = 6
+                except ValueError:
+                    code = 0
+                except TimeoutError:
+                    code = 7
+        finally:
+            os._exit(code)
+    # 4: the callback never ran; 7: the await timed out.
+    assert _wait_child(pid, DEADLINE_S) == 0
+    assert fut.result() == 64 * MIB
+    assert parent_called.wait(DEADLINE_S / 4)

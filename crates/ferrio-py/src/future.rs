@@ -131,8 +131,10 @@ enum State {
 struct Callbacks {
     /// Callbacks registered before the future was done, in order.
     list: Vec<Py<PyAny>>,
-    /// Whether the engine will notify the dispatcher when the operation finishes.
-    hooked: bool,
+    /// The process in which the engine was asked to notify the dispatcher when the operation
+    /// finishes. A child forked while the operation ran has a copy of the flag but neither
+    /// the parent's dispatcher nor its workers: there nobody would ever notify.
+    hooked_in: Option<u32>,
     /// Whether the dispatcher has run (or is running) the list; later ones run at once.
     fired: bool,
 }
@@ -247,9 +249,14 @@ impl IOFuture {
     }
 
     /// Waits like `result()` and returns the operation's exception, or None if it succeeded.
+    /// Raises `ferrio.CancelledError` if it was cancelled, as `concurrent.futures` does.
     #[pyo3(signature = (timeout=None))]
     fn exception(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<PyErr>> {
-        Ok(self.outcome(py, timeout)?.err().map(to_pyerr))
+        match self.outcome(py, timeout)? {
+            Ok(_) => Ok(None),
+            Err(e @ ferrio::Error::Cancelled) => Err(to_pyerr(e)),
+            Err(e) => Ok(Some(to_pyerr(e))),
+        }
     }
 
     /// Whether the operation has finished (successfully or not). Never blocks.
@@ -279,18 +286,30 @@ impl IOFuture {
         // Observed before taking the lock: releasing the buffer may run Python code (the
         // exporter's finalizer), which must not find the lock held (it may add a callback too).
         let done = this.observe().is_some();
+        let pid = std::process::id();
         let mut cbs = lock(&this.callbacks);
-        if cbs.fired || (!cbs.hooked && done) {
+        // In a child forked while the parent waited to call them, the parent's callbacks are
+        // the parent's: it runs them when its operation finishes. They are dropped here (after
+        // the lock is released: dropping one may run Python code).
+        let mut inherited = Vec::new();
+        if cbs.hooked_in.is_some_and(|p| p != pid) && !cbs.fired {
+            inherited = std::mem::take(&mut cbs.list);
+            cbs.hooked_in = None;
+        }
+        let hooked = cbs.hooked_in.is_some();
+        if cbs.fired || (!hooked && done) {
             drop(cbs);
+            drop(inherited);
             call_back(slf, &r#fn);
             return Ok(());
         }
         cbs.list.push(r#fn.unbind());
-        if cbs.hooked {
+        if hooked {
             return Ok(());
         }
-        cbs.hooked = true;
+        cbs.hooked_in = Some(pid);
         drop(cbs);
+        drop(inherited);
         let sender = dispatcher()?;
         let me = slf.clone().unbind();
         match this.running() {
@@ -338,10 +357,15 @@ impl IOFuture {
 #[pyo3(signature = (futures, timeout=None))]
 pub(crate) fn wait(
     py: Python<'_>,
-    futures: Vec<Bound<'_, IOFuture>>,
+    futures: &Bound<'_, PyAny>,
     timeout: Option<f64>,
 ) -> PyResult<Vec<usize>> {
     let timeout = timeout_of(timeout)?;
+    // Any iterable of futures (a list, a generator), as `concurrent.futures.wait` takes.
+    let futures = futures
+        .try_iter()?
+        .map(|f| Ok(f?.cast_into::<IOFuture>()?))
+        .collect::<PyResult<Vec<_>>>()?;
     let running: Vec<_> = futures.iter().filter_map(|f| f.get().running()).collect();
     if release_gil(py, WaitAll(running), timeout)?.is_none() {
         return Err(PyTimeoutError::new_err(format!(
