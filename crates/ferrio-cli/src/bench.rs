@@ -119,7 +119,7 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     };
 
     let mut rows = Rows(Vec::new());
-    let mut buf = vec![0u8; a.size as usize];
+    let mut buf = crate::host::zeroed(a.size as usize)?;
     // Touch every page so no measurement pays for first-touch page faults; in slices, so that
     // Ctrl-C is noticed while a large buffer is touched.
     for chunk in buf.chunks_mut(16 << 20) {

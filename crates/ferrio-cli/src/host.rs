@@ -48,6 +48,41 @@ pub(crate) fn children_cpu_seconds() -> f64 {
 
 /// Bytes available to unprivileged users on the file system holding `path`.
 pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
+    statvfs(path).map(|st| st.f_bavail * st.f_frsize)
+}
+
+/// Bytes this process may write on the file system holding `path`: what unprivileged users
+/// may, and for root also the blocks the file system reserves for it.
+pub(crate) fn writable_bytes(path: &Path) -> Option<u64> {
+    // SAFETY: `geteuid` has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    statvfs(path).map(|st| {
+        let blocks = if root { st.f_bfree } else { st.f_bavail };
+        blocks * st.f_frsize
+    })
+}
+
+/// A zero-filled byte buffer of `len` bytes, or an error where the memory cannot be had (where
+/// `vec![0; len]` would abort the process, leaving its temporary files behind).
+pub(crate) fn zeroed(len: usize) -> anyhow::Result<Vec<u8>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len)?;
+    // SAFETY: `layout` has a non-zero size (checked above).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        anyhow::bail!(
+            "cannot allocate {} of memory for the buffer",
+            ferrio::config::format_size(len as u64)
+        );
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `len` bytes (alignment
+    // 1), all of them initialised (zeroed); the Vec takes ownership with that capacity.
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
+fn statvfs(path: &Path) -> Option<libc::statvfs> {
     let c = CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: an all-zero `statvfs` is a valid value for this plain C struct.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
@@ -55,5 +90,5 @@ pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
+    Some(st)
 }

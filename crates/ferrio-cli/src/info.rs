@@ -98,7 +98,7 @@ fn gpu(ordinal: usize, json: bool) -> anyhow::Result<()> {
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
-    /// The file to describe
+    /// The file (or object URL: s3://, gs://, az://, http(s)://) to describe
     #[arg(required_unless_present = "gpu")]
     path: Option<PathBuf>,
     /// Describe GPU N (as the driver numbers them) instead of a file
@@ -119,7 +119,48 @@ pub(crate) fn run(a: Args) -> anyhow::Result<()> {
     file(path, a.json)
 }
 
+/// What a read of the object at `url` would do: its size and version (fixed at open, every
+/// range asked against them) and the GETs the settings give.
+fn object(url: &str, json: bool) -> anyhow::Result<()> {
+    let settings = ferrio::Settings::global();
+    let f = ferrio::RemoteFile::open_with(url, settings.clone())?;
+    let (range, max_range, in_flight) = (
+        settings.remote_range_size,
+        settings
+            .remote_max_range_size
+            .max(settings.remote_range_size),
+        settings.remote_concurrency,
+    );
+    if json {
+        return out(&json!({
+            "url": ferrio::remote::redacted(url), "size": f.len(), "e_tag": f.e_tag(),
+            "version": f.version(),
+            "reads": {"range_bytes": range, "max_range_bytes": max_range, "in_flight": in_flight},
+        })
+        .to_string());
+    }
+    out(&format!(
+        "object:      {} ({})",
+        ferrio::remote::redacted(url),
+        ferrio::config::format_size(f.len())
+    ))?;
+    let pinned = match (f.e_tag(), f.version()) {
+        (_, Some(v)) => format!("version {v}"),
+        (Some(e), None) => format!("ETag {e}"),
+        (None, None) => "nothing (the store gave no ETag or version)".into(),
+    };
+    out(&format!("pinned to:   {pinned}"))?;
+    out(&format!(
+        "reads:       ranged GETs of {} to {}, up to {in_flight} in flight per store",
+        ferrio::config::format_size(range),
+        ferrio::config::format_size(max_range)
+    ))
+}
+
 fn file(path: PathBuf, json: bool) -> anyhow::Result<()> {
+    if let Some(url) = path.to_str().filter(|u| ferrio::remote::is_remote_url(u)) {
+        return object(url, json);
+    }
     existing(&path)?;
     let path = ferrio::local_path(&path)?.into_owned();
     let settings = ferrio::Settings::global();

@@ -56,6 +56,7 @@ pub(crate) fn run(mut a: Args) -> anyhow::Result<()> {
     for p in &a.paths {
         existed.push(check_target(p, a.size)?);
     }
+    check_space(&a.paths, a.size)?;
     let mut opened = Opened {
         targets: Vec::new(),
     };
@@ -174,6 +175,61 @@ fn check_target(p: &Path, size: u64) -> anyhow::Result<bool> {
     Ok(std::fs::symlink_metadata(p).is_ok())
 }
 
+/// Checks, before any target is truncated, that each file system has room for `size` bytes in
+/// each of its target files, counting the blocks the existing ones hold now. A write that
+/// cannot fit fails here, leaving the old files whole, rather than after truncating them.
+/// Block devices, and file systems that report no free space, are not checked.
+fn check_space(paths: &[PathBuf], size: u64) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // Per file system (device number): a target in it, the bytes wanted, the bytes held now.
+    let mut per_fs: Vec<(u64, &Path, u64, u64)> = Vec::new();
+    for p in paths {
+        let held = match std::fs::metadata(p) {
+            Ok(m) if m.file_type().is_block_device() => continue,
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        };
+        let parent = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let Ok(dev) = std::fs::metadata(parent).map(|m| m.dev()) else {
+            continue;
+        };
+        match per_fs.iter_mut().find(|e| e.0 == dev) {
+            Some(e) => {
+                e.2 = e.2.saturating_add(size);
+                e.3 += held;
+            }
+            None => per_fs.push((dev, parent, size, held)),
+        }
+    }
+    for (_, dir, wanted, held) in per_fs {
+        let Some(free) = crate::host::writable_bytes(dir) else {
+            continue;
+        };
+        if wanted > free.saturating_add(held) {
+            return Err(UsageError(format!(
+                "{}: no room for --size {}: the file system has {} free{}, {} needed",
+                dir.display(),
+                ferrio::config::format_size(size),
+                ferrio::config::format_size(free),
+                if held > 0 {
+                    format!(
+                        " and the files to overwrite hold {}",
+                        ferrio::config::format_size(held)
+                    )
+                } else {
+                    String::new()
+                },
+                ferrio::config::format_size(wanted)
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// Why this process may not write `p` (a directory: create entries in it), by `access(2)`:
 /// `None` where it may, else what the kernel said ("permission denied", "read-only file
 /// system"), in lower case as the other reasons here are.
@@ -270,7 +326,8 @@ fn write_all(
             .collect();
         out(&json!({
             "bytes": written, "seconds": secs, "gib_per_s": gibps(written, secs),
-            "cpu_seconds_per_gib": cpu / (written.max(1) as f64 / (1u64 << 30) as f64),
+            // Nothing moved: no rate to give (null).
+            "cpu_seconds_per_gib": (written > 0).then(|| cpu / (written as f64 / (1u64 << 30) as f64)),
             "synced": !a.no_sync, "files": per_file, "pools": crate::info::pools_json(),
         })
         .to_string())?;
@@ -303,7 +360,7 @@ pub(crate) fn generate(size: u64) -> anyhow::Result<Vec<Vec<u8>>> {
     let window = size.clamp(1, WINDOW) as usize;
     let mut windows = Vec::with_capacity(2);
     for seed in 1..=2u64 {
-        let mut b = vec![0u8; window];
+        let mut b = crate::host::zeroed(window)?;
         // In slices, so that Ctrl-C is noticed while a large window is filled.
         for (i, chunk) in b.chunks_mut(8 << 20).enumerate() {
             check_interrupt()?;

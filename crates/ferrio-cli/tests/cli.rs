@@ -89,6 +89,14 @@ fn bad_environment_value_names_the_variable() {
         .output()
         .unwrap();
     assert_one_line_error(&o, 2, "FERRIO_TASK_SIZE");
+    // A value that is not text is bad, not absent (it was ignored: the defaults ran silently).
+    use std::os::unix::ffi::OsStrExt;
+    let o = ferrio()
+        .env("FERRIO_TASK_SIZE", std::ffi::OsStr::from_bytes(b"4\xffMiB"))
+        .args(["info", d.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, 2, "FERRIO_TASK_SIZE");
     let o = ferrio()
         .env("FERRIO_DEVICE_THREADS", "=3")
         .args(["info", d.path().to_str().unwrap()])
@@ -313,6 +321,54 @@ fn bench_reports_and_cleans_up() {
     std::fs::write(&f, b"x").unwrap();
     let o = run(&["bench", "--dir", f.to_str().unwrap(), "--size", "1MiB"]);
     assert_one_line_error(&o, 2, "not a directory");
+}
+
+/// Runs `ferrio ARGS` under `ulimit -v KIB` (address space), through sh.
+fn run_limited(kib: u64, args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {kib} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_ferrio"))
+        .args(args)
+        .output()
+        .expect("run sh")
+}
+
+#[test]
+fn bench_and_write_without_the_memory_they_need_fail_in_one_line_and_clean_up() {
+    // `vec![0; size]` aborted the process (SIGABRT), leaving the temporary directory or the
+    // new file behind.
+    let d = tmp();
+    let dir = d.path().to_str().unwrap();
+    let o = run_limited(256 << 10, &["bench", "--dir", dir, "--size", "1GiB"]);
+    assert_one_line_error(&o, 1, "cannot allocate");
+    assert!(
+        leftovers(d.path()).is_empty(),
+        "bench left {:?}",
+        leftovers(d.path())
+    );
+    let target = d.path().join("new");
+    let o = run_limited(
+        256 << 10,
+        &["write", "--size", "1GiB", target.to_str().unwrap()],
+    );
+    assert_one_line_error(&o, 1, "cannot allocate");
+    assert!(!target.exists(), "write left {}", target.display());
+}
+
+#[test]
+fn reads_and_writes_of_nothing_give_no_cpu_rate() {
+    let d = tmp();
+    let empty = d.path().join("empty");
+    let o = run(&["write", "--json", "--size", "0", empty.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["cpu_seconds_per_gib"].is_null(), "{v}");
+    let o = run(&["read", "--json", empty.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["bytes"], 0);
+    assert!(v["cpu_seconds_per_gib"].is_null(), "{v}");
 }
 
 #[test]

@@ -88,7 +88,7 @@ fn ctrl_c_removes_the_file_it_created() {
 }
 
 #[test]
-fn a_full_disk_leaves_no_new_file_and_names_an_overwritten_one() {
+fn a_write_too_big_for_the_disk_is_refused_before_any_file_is_touched() {
     let lfs = match LoopFs::new(32) {
         Ok(l) => l,
         Err(why) => {
@@ -101,21 +101,43 @@ fn a_full_disk_leaves_no_new_file_and_names_an_overwritten_one() {
     let new = mnt.join("new");
     let o = run(&[&size[..], &[&new]].concat());
     let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("No space left") && err.contains("new"),
+        err.contains("no room") && err.contains("64.00 MiB needed"),
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(!new.exists(), "a failed write left {}", new.display());
+    assert!(!new.exists(), "a refused write left {}", new.display());
 
+    // An existing file is counted as the room it frees, and is left whole when that is not
+    // enough: it used to be truncated first, then the write failed.
     let old = mnt.join("old");
-    fs::write(&old, b"old content").unwrap();
+    fs::write(&old, vec![7u8; 8 << 20]).unwrap();
     let o = run(&[&size[..], &[&old]].concat());
     let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("old") && err.contains("overwritten"), "{err}");
-    assert!(old.exists(), "a file that was there before is not removed");
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("the files to overwrite hold 8.00 MiB"),
+        "{err}"
+    );
+    assert_eq!(
+        fs::read(&old).unwrap(),
+        vec![7u8; 8 << 20],
+        "the old file changed"
+    );
+
+    // Two files that fit one at a time but not together: neither is touched.
+    let small = [Path::new("write"), Path::new("--size"), Path::new("12MiB")];
+    let (a, b) = (mnt.join("a"), mnt.join("b"));
+    let o = run(&[&small[..], &[&a, &b, &old]].concat());
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!a.exists() && !b.exists());
+    assert_eq!(fs::read(&old).unwrap(), vec![7u8; 8 << 20]);
+    // Overwriting the old file with as much as it holds fits.
+    let same = [Path::new("write"), Path::new("--size"), Path::new("8MiB")];
+    let o = run(&[&same[..], &[&old]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(fs::metadata(&old).unwrap().len(), 8 << 20);
 }
 
 #[test]

@@ -723,6 +723,10 @@ fn pool_threads(v: &str) -> std::result::Result<Vec<(String, usize)>, &'static s
             return Err(DEVICE_THREADS_FORMS);
         }
         let n = n.trim().parse::<usize>().ok().filter(|&n| n > 0);
+        // Named twice: which count was meant cannot be told (the last one silently won).
+        if map.iter().any(|(named, _)| named == k) {
+            return Err("each pool named once: NAME=N[,NAME=N...], e.g. nvme0=16,loop3=2");
+        }
         map.push((k.to_string(), n.ok_or(DEVICE_THREADS_FORMS)?));
     }
     Ok(map)
@@ -758,8 +762,13 @@ impl Settings {
     pub fn from_env() -> Result<Settings> {
         let mut s = Settings::default();
         for info in SETTINGS {
-            if let Ok(value) = std::env::var(info.env) {
-                info.apply(&mut s, &value, info.env)?;
+            match std::env::var(info.env) {
+                Ok(value) => info.apply(&mut s, &value, info.env)?,
+                // Not text: no accepted form is, so it is a bad value, not an absent one.
+                Err(std::env::VarError::NotUnicode(raw)) => {
+                    info.apply(&mut s, &raw.to_string_lossy(), info.env)?
+                }
+                Err(std::env::VarError::NotPresent) => {}
             }
         }
         Ok(s)
@@ -1012,6 +1021,18 @@ mod tests {
         assert_eq!(s.get("device_threads").unwrap(), "nvme0=16,loop3=2");
         assert!(s.set("device_threads", "nvme0").is_err());
         assert!(s.set("device_threads", "nvme0=0").is_err());
+        let twice = s
+            .set("device_threads", "nvme0=4,loop3=2, nvme0=8")
+            .unwrap_err();
+        assert!(
+            twice.to_string().contains("each pool named once"),
+            "{twice}"
+        );
+        assert_eq!(
+            s.device_threads_for("loop3"),
+            Some(2),
+            "a refused value changes nothing"
+        );
         assert!(!s.per_device_pools);
     }
 

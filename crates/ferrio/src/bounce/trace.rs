@@ -42,7 +42,9 @@ thread_local! {
 pub(crate) fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        let on = std::env::var("FERRIO_TRACE").is_ok_and(|v| !v.is_empty() && v != "0");
+        // Any value but an empty one or a "no" of the settings' (`0`, `off`, `false`, `no`).
+        let on = std::env::var("FERRIO_TRACE")
+            .is_ok_and(|v| !v.is_empty() && crate::config::parse_bool(&v) != Some(false));
         if on {
             // SAFETY: `dump_at_exit` is an `extern "C" fn()` that never unwinds (it only writes
             // to stderr and ignores every error), as `atexit` requires.
