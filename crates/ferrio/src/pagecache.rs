@@ -45,10 +45,15 @@ fn open_read(path: &Path) -> Result<std::fs::File> {
 /// from `cachestat(2)` where the kernel has it, else `mmap` + `mincore`.
 pub fn residency(path: &Path, offset: u64, len: Option<u64>) -> Result<Residency> {
     let f = open_read(path)?;
-    let size = f
+    let meta = f
         .metadata()
-        .map_err(|e| Error::io(Op::Stat, path, 0, 0, e))?
-        .len();
+        .map_err(|e| Error::io(Op::Stat, path, 0, 0, e))?;
+    // `fstat` says 0 bytes for a block device; the device says how much it holds.
+    let size = if std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type()) {
+        sys::block_device_size(f.as_fd()).map_err(|e| Error::io(Op::Stat, path, 0, 0, e))?
+    } else {
+        meta.len()
+    };
     let end = len.map_or(size, |l| offset.saturating_add(l).min(size));
     let range_bytes = end.saturating_sub(offset);
     if range_bytes == 0 {

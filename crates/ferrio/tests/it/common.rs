@@ -90,6 +90,13 @@ impl LoopFs {
         Ok(fs)
     }
 
+    /// The loop device (`/dev/loopN`) the file system is on.
+    pub fn device(&self) -> &str {
+        self.dev
+            .as_deref()
+            .expect("a LoopFs has its device from new() on")
+    }
+
     pub fn mount_point(&self) -> PathBuf {
         self.dir.path().join("mnt")
     }

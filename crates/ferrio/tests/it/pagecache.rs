@@ -62,3 +62,27 @@ fn a_fifo_is_refused_at_once() {
         assert!(err.to_string().contains("is a FIFO"), "{err}");
     }
 }
+
+#[test]
+fn a_block_devices_residency_covers_the_whole_device() {
+    use std::io::Read;
+    let lfs = match super::common::LoopFs::new(24) {
+        Ok(l) => l,
+        Err(why) => {
+            eprintln!("skipped: a loop device: {why}");
+            return;
+        }
+    };
+    let dev = std::path::Path::new(lfs.device());
+    // `fstat` says 0 bytes for a device: its residency was that of an empty range.
+    let r = pagecache::residency(dev, 0, None).unwrap();
+    assert_eq!(r.range_bytes, 24 << 20, "{r:?}");
+    let mut head = vec![0u8; 4 << 20];
+    std::fs::File::open(dev)
+        .unwrap()
+        .read_exact(&mut head)
+        .unwrap();
+    let r = pagecache::residency(dev, 0, Some(4 << 20)).unwrap();
+    assert_eq!(r.range_bytes, 4 << 20);
+    assert!(r.share() > 0.9, "just read: {r:?}");
+}
