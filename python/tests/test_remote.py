@@ -752,6 +752,35 @@ def test_cli_reads_a_url(http_object: tuple[str, _Object]) -> None:
     assert "missing.bin" in out.stderr
 
 
+def test_cli_info_describes_an_object(http_object: tuple[str, _Object]) -> None:
+    # `ferrio info URL` looked for a local file of that name ("No such file or directory").
+    url, obj = http_object
+
+    def info(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ferrio._cli", "info", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=BOUND_S,
+            env=dict(os.environ, FERRIO_REMOTE_CONCURRENCY="12"),
+        )
+
+    out = info("--json", url)
+    assert out.returncode == 0, out.stderr
+    described = json.loads(out.stdout)
+    assert described["url"] == url and described["size"] == len(obj.body), described
+    assert described["e_tag"] == obj.etag and described["reads"]["in_flight"] == 12, described
+    out = info(url)
+    assert out.returncode == 0, out.stderr
+    assert f"({len(obj.body) / (1 << 20):.2f} MiB)" in out.stdout, out.stdout
+    out = info(url.replace("object.bin", "missing.bin"))
+    assert out.returncode == 1 and "missing.bin" in out.stderr, out
+    # A password is never echoed.
+    out = info(url.replace("http://", "http://user:secret@"))
+    assert out.returncode == 2 and "secret" not in out.stderr, out
+
+
 # ---------------------------------------------------------------------------------------------
 # S3 through moto's server
 # ---------------------------------------------------------------------------------------------

@@ -332,7 +332,8 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
                     // No keys under `u/`: `u` may name one object, copied as a file.
                 } else if u.ends_with('/') && options.recursive {
                     return Err(Error::InvalidArgument(format!(
-                        "{u}: http(s) servers cannot be listed; copy their objects one by one"
+                        "{}: http(s) servers cannot be listed; copy their objects one by one",
+                        remote::redacted(u)
                     )));
                 } else if u.ends_with('/') && remote::can_list(u) {
                     return Err(Error::InvalidArgument(format!(

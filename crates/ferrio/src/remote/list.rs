@@ -95,7 +95,8 @@ pub(crate) fn list_prefix_until(
     let location = store::parse_prefix(url)?;
     if location.scheme == ObjectStoreScheme::Http {
         return Err(Error::InvalidArgument(format!(
-            "{url}: http(s) servers cannot be listed; copy their objects one by one"
+            "{}: http(s) servers cannot be listed; copy their objects one by one",
+            store::redacted(url)
         )));
     }
     let store = store::build_with(&location, settings)?;

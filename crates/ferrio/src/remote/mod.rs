@@ -55,7 +55,7 @@ pub(crate) use list::{
 };
 pub use list::{list_prefix, ListedObject};
 pub use runtime::{reserve_sockets, reserve_sockets_soon};
-pub use store::{file_url_path, is_remote_url, unsupported_url_scheme};
+pub use store::{file_url_path, is_remote_url, redacted, unsupported_url_scheme};
 pub(crate) use write::check_writable;
 pub use write::{copy_in_store, RemoteWriter, WriteCanceller, MAX_PARTS, MIN_PART_SIZE};
 

@@ -72,6 +72,25 @@ pub fn is_remote_url(s: &str) -> bool {
     SCHEMES.iter().any(|p| lower.starts_with(p))
 }
 
+/// `url` as it may be shown in a message: a password in it replaced by `***`
+/// (`http://u:***@host/x`), also where the URL does not parse.
+pub fn redacted(url: &str) -> std::borrow::Cow<'_, str> {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.into();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    // The last '@' of the authority ends the user part (a password may hold '@' unencoded).
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.into();
+    };
+    let Some(colon) = rest[..at].find(':') else {
+        return url.into();
+    };
+    let (start, end) = (scheme_end + colon + 1, scheme_end + at);
+    format!("{}***{}", &url[..start], &url[end..]).into()
+}
+
 /// The local path a `file:/` URL names (`file:///data/x%20y.bin` is `/data/x y.bin`), read by
 /// the local engine as the path itself is; `None` where `s` is no `file:/` URL (`file:x` is a
 /// relative name like any other). The path is taken as written, percent-decoded byte for byte:
@@ -170,21 +189,18 @@ pub(crate) fn parse_prefix(url: &str) -> Result<Location> {
 }
 
 fn parse_any(url: &str, prefix: bool) -> Result<Location> {
-    let bad = |why: String| Error::InvalidArgument(format!("bad object URL {url:?}: {why}"));
+    let bad =
+        |why: String| Error::InvalidArgument(format!("bad object URL {:?}: {why}", redacted(url)));
     let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
     let http = matches!(parsed.scheme(), "http" | "https");
     if http && (!parsed.username().is_empty() || parsed.password().is_some()) {
         // object_store's HTTP client sends no Authorization from the URL: the server would
         // answer "access denied" with no hint why.
-        let mut shown = parsed.clone();
-        if shown.password().is_some() {
-            let _ = shown.set_password(Some("***"));
-        }
-        return Err(Error::InvalidArgument(format!(
-            "bad object URL {:?}: a user or password in an http(s) URL is not sent: ferrio has \
-             no HTTP authentication (use a signed URL, or a server that needs none)",
-            shown.as_str()
-        )));
+        return Err(bad(
+            "a user or password in an http(s) URL is not sent: ferrio has no HTTP \
+             authentication (use a signed URL, or a server that needs none)"
+                .into(),
+        ));
     }
     if !http {
         literal_key(url, prefix).map_err(|why| bad(why.into()))?;
@@ -1021,6 +1037,30 @@ mod tests {
             loc.store_part(),
             "https://bucket.s3.us-east-1.amazonaws.com"
         );
+    }
+
+    #[test]
+    fn passwords_are_not_shown() {
+        for (url, shown) in [
+            ("http://u:secret@h:9/x", "http://u:***@h:9/x"),
+            ("s3://u:p@ss@bucket/k?x#y", "s3://u:***@bucket/k?x#y"),
+            ("https://u@h/x", "https://u@h/x"),
+            ("http://h/a:b@c", "http://h/a:b@c"),
+            ("http://u:secret@h:9", "http://u:***@h:9"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redacted(url), shown, "{url}");
+        }
+        for url in [
+            "s3://u:secret@bucket/x",
+            "http://u:secret@h:99999/x",
+            "gs://u:secret@b/",
+        ] {
+            let err = parse(url).unwrap_err().to_string();
+            assert!(!err.contains("secret"), "{url}: {err}");
+            let err = parse_prefix(url).unwrap_err().to_string();
+            assert!(!err.contains("secret"), "{url}: {err}");
+        }
     }
 
     #[test]
