@@ -17,6 +17,8 @@ Settings (task size, O_DIRECT policy, threads) live in `ferrio.config`; each has
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 from ferrio import config
@@ -66,10 +68,25 @@ __all__ = [
 ]
 
 
+def _imported_by_the_command_line() -> bool:
+    """Whether this import is the ``ferrio`` command's (console script or ``python -m ferrio``).
+
+    The command reports a bad ``FERRIO_*`` value itself, as an error.
+    """
+    if not sys.argv:
+        return False
+    if sys.argv[0] == "-m":
+        # Python says "-m" here while it imports the package of the module it runs.
+        args = getattr(sys, "orig_argv", [])
+        after_m = args[args.index("-m") + 1 :][:1] if "-m" in args else []
+        return "-mferrio" in args or after_m == ["ferrio"]
+    return os.path.basename(sys.argv[0]) == "ferrio"
+
+
 def _warn_about_environment() -> None:
     """Warn once if a ``FERRIO_*`` variable held a bad value (the defaults are in force)."""
     problem = config.environment_error()
-    if problem is not None:
+    if problem is not None and not _imported_by_the_command_line():
         warnings.warn(
             f"ferrio: ignoring the FERRIO_* environment, defaults in force: {problem}",
             RuntimeWarning,

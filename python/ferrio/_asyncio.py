@@ -40,8 +40,9 @@ def _settle(done: IOFuture, waiter: asyncio.Future[int]) -> None:
     """Copy the finished I/O's outcome into `waiter` (on the loop's thread)."""
     if waiter.done():
         return
-    error = done.exception(0)
-    if error is None:
-        waiter.set_result(done.result(0))
-    else:
+    try:
+        n = done.result(0)
+    except Exception as error:  # the I/O's own error (a cancel too), for the awaiting task
         waiter.set_exception(error)
+    else:
+        waiter.set_result(n)

@@ -2,8 +2,8 @@
 
 import os
 import types
-from collections.abc import Callable, Generator, Sequence
-from typing import Any, Literal, Self, TypeVar, final, overload
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import Any, Literal, Self, SupportsIndex, TypeVar, final, overload
 
 __all__ = [
     "Allocation",
@@ -46,6 +46,8 @@ __version__: str
 _Path = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 _T = TypeVar("_T")
 _Setting = int | bool | str
+# What a setting may be given as: also another integer type (numpy's).
+_SettingIn = _Setting | SupportsIndex
 # Any object with the buffer protocol: numpy arrays, bytearray, memoryview, mmap. Spelled Any,
 # not collections.abc.Buffer, because numpy's stubs declare ndarray.__buffer__ only for Python
 # 3.12 and later; a wrong object raises TypeError at run time.
@@ -75,11 +77,11 @@ class File:
         path: _Path,
         mode: str = "r",
         *,
-        task_size: _Setting | None = None,
-        cache: _Setting | None = None,
-        direct_read: _Setting | None = None,
-        direct_write: _Setting | None = None,
-        direct_overread: _Setting | None = None,
+        task_size: _SettingIn | None = None,
+        cache: _SettingIn | None = None,
+        direct_read: _SettingIn | None = None,
+        direct_write: _SettingIn | None = None,
+        direct_overread: _SettingIn | None = None,
     ) -> File: ...
     def read(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> int:
         """Read into `buf` in parallel and wait; returns the bytes read."""
@@ -140,8 +142,8 @@ class RemoteFile:
         url: str,
         mode: str = "r",
         *,
-        range_size: _Setting | None = None,
-        concurrency: _Setting | None = None,
+        range_size: _SettingIn | None = None,
+        concurrency: _SettingIn | None = None,
     ) -> Self: ...
     def read(self, buf: _Buffer, size: int | None = None, offset: int = 0) -> int:
         """Read into `buf` at `offset` with parallel ranged GETs; return the bytes read."""
@@ -221,7 +223,7 @@ class IOFuture:
     def result(self, timeout: float | None = None) -> int:
         """Wait and return the bytes moved, or raise the operation's exception."""
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        """Wait and return the operation's exception, or None."""
+        """Wait; return the operation's exception or None; raise CancelledError if cancelled."""
     def done(self) -> bool:
         """Whether the operation has finished."""
     def cancel(self) -> bool:
@@ -254,11 +256,11 @@ def open(
     path: bytes | os.PathLike[str] | os.PathLike[bytes],
     mode: str = "r",
     *,
-    task_size: _Setting | None = None,
-    cache: _Setting | None = None,
-    direct_read: _Setting | None = None,
-    direct_write: _Setting | None = None,
-    direct_overread: _Setting | None = None,
+    task_size: _SettingIn | None = None,
+    cache: _SettingIn | None = None,
+    direct_read: _SettingIn | None = None,
+    direct_write: _SettingIn | None = None,
+    direct_overread: _SettingIn | None = None,
 ) -> File:
     """Open a local file (a path object or bytes is never a URL)."""
 
@@ -267,11 +269,11 @@ def open(
     path: str,
     mode: Literal["r", "rb"] = "r",
     *,
-    task_size: _Setting | None = None,
-    cache: _Setting | None = None,
-    direct_read: _Setting | None = None,
-    direct_write: _Setting | None = None,
-    direct_overread: _Setting | None = None,
+    task_size: _SettingIn | None = None,
+    cache: _SettingIn | None = None,
+    direct_read: _SettingIn | None = None,
+    direct_write: _SettingIn | None = None,
+    direct_overread: _SettingIn | None = None,
 ) -> File | RemoteFile:
     """Open a file for reading, or a RemoteFile for a URL (s3://, gs://, az://, http(s)://)."""
 
@@ -280,11 +282,11 @@ def open(
     path: str,
     mode: Literal["w", "wb"],
     *,
-    task_size: _Setting | None = None,
-    cache: _Setting | None = None,
-    direct_read: _Setting | None = None,
-    direct_write: _Setting | None = None,
-    direct_overread: _Setting | None = None,
+    task_size: _SettingIn | None = None,
+    cache: _SettingIn | None = None,
+    direct_read: _SettingIn | None = None,
+    direct_write: _SettingIn | None = None,
+    direct_overread: _SettingIn | None = None,
 ) -> File | RemoteWriter:
     """Open a file for writing, or a RemoteWriter (multipart upload) for a URL."""
 
@@ -293,11 +295,11 @@ def open(
     path: str,
     mode: str,
     *,
-    task_size: _Setting | None = None,
-    cache: _Setting | None = None,
-    direct_read: _Setting | None = None,
-    direct_write: _Setting | None = None,
-    direct_overread: _Setting | None = None,
+    task_size: _SettingIn | None = None,
+    cache: _SettingIn | None = None,
+    direct_read: _SettingIn | None = None,
+    direct_write: _SettingIn | None = None,
+    direct_overread: _SettingIn | None = None,
 ) -> File | RemoteFile | RemoteWriter:
     """Open a file, or an object in remote storage for a URL str; see open_url."""
 
@@ -306,8 +308,8 @@ def open_url(
     url: str,
     mode: Literal["r", "rb"] = "r",
     *,
-    range_size: _Setting | None = None,
-    concurrency: _Setting | None = None,
+    range_size: _SettingIn | None = None,
+    concurrency: _SettingIn | None = None,
 ) -> RemoteFile:
     """Open an object in remote storage for parallel reads."""
 
@@ -316,8 +318,8 @@ def open_url(
     url: str,
     mode: Literal["w", "wb"],
     *,
-    range_size: _Setting | None = None,
-    concurrency: _Setting | None = None,
+    range_size: _SettingIn | None = None,
+    concurrency: _SettingIn | None = None,
 ) -> RemoteWriter:
     """Write a new object in remote storage by multipart upload."""
 
@@ -327,7 +329,7 @@ def is_remote_url(path: object) -> bool:
 def local_path(path: _T) -> _T | str:
     """Return the local path a ``file://`` URL names; any other path as given."""
 
-def wait(futures: Sequence[IOFuture], timeout: float | None = None) -> list[int]:
+def wait(futures: Iterable[IOFuture], timeout: float | None = None) -> list[int]:
     """Wait for every future; return their byte counts in order."""
 
 def residency(path: _Path, offset: int = 0, size: int | None = None) -> Residency:
@@ -342,7 +344,7 @@ def drop_system_cache() -> None:
 def config_get(name: str) -> _Setting:
     """Return the value of one process-wide setting."""
 
-def config_set(values: Sequence[tuple[str, _Setting]]) -> dict[str, _Setting]:
+def config_set(values: Sequence[tuple[str, _SettingIn]]) -> dict[str, _Setting]:
     """Change settings, all or none; return the previous values."""
 
 def config_settings() -> dict[str, _Setting]:

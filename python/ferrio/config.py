@@ -24,12 +24,15 @@ force afterwards. Change settings from one thread, around the work of all thread
 from __future__ import annotations
 
 import types
-from typing import NamedTuple
+from typing import NamedTuple, SupportsIndex
 
 from ferrio import _native
 
 Value = int | bool | str
 """A setting's value: int for sizes and counts, bool for on/off, str for the rest."""
+
+Given = Value | SupportsIndex
+"""A value `set` takes: a `Value`, or another integer type (numpy's `np.int64(4096)`)."""
 
 
 class SettingInfo(NamedTuple):
@@ -110,7 +113,7 @@ class _Change:
         return f"<ferrio.config.set, previous values {self._previous!r}>"
 
 
-def set(**values: Value) -> _Change:
+def set(**values: Given) -> _Change:
     """Change settings for the whole process, all or none, effective at once.
 
     Names are setting names or their ``FERRIO_*`` variables; values are ints, bools or strings

@@ -168,6 +168,13 @@ def test_timeout(big_file: tuple[Path, np.ndarray]) -> None:
             ferrio.wait([fut, *load], timeout=0.001)
         assert fut.result(timeout=60) == len(data), "the operation went on after the timeout"
         assert ferrio.wait(load) == [len(data)] * 8
+        # Any iterable, as concurrent.futures.wait takes; what is not a future is a TypeError.
+        assert ferrio.wait(f.pread(np.empty(4096, np.uint8)) for _ in range(3)) == [4096] * 3
+        assert ferrio.wait(iter(load)) == [len(data)] * 8
+        with pytest.raises(TypeError):
+            ferrio.wait([load[0], 5])  # type: ignore[list-item]
+        with pytest.raises(TypeError):
+            ferrio.wait(5)  # type: ignore[arg-type]
 
 
 def test_timeouts_too_long_to_count_mean_no_limit(big_file: tuple[Path, np.ndarray]) -> None:

@@ -94,6 +94,14 @@ def test_bad_values_name_setting_value_and_forms(restore_settings: None) -> None
         config.set(no_such_setting=1)
     with pytest.raises(TypeError, match="int, a bool or a str"):
         config.set(task_size=[1])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="int, a bool or a str"):
+        config.set(task_size=4096.0)  # type: ignore[arg-type]
+    # Other integer types, as numpy's, are ints (numpy.fromfile takes them as counts too).
+    import numpy as np
+
+    with config.set(task_size=np.int64(1 << 20), max_threads=np.uint8(3)):
+        assert config.get("task_size") == 1 << 20
+        assert config.get("max_threads") == 3
     # All or none: the good value before the bad one was not applied.
     with pytest.raises(ValueError):
         config.set(task_size="1MiB", direct_read="maybe")

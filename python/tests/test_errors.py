@@ -360,3 +360,23 @@ def test_a_closed_file_cannot_be_entered_again(tmp_path: Path) -> None:
         pass
     with pytest.raises(ValueError, match="closed file"), plain:
         pass
+
+
+def test_the_command_line_reports_a_bad_variable_once_as_an_error() -> None:
+    """`python -m ferrio` (as the console script) says what is wrong with the environment as
+    its error; the import's RuntimeWarning said it a second time, as if it were ignored."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FERRIO_TASK_SIZE="lots")
+    for args in (["-m", "ferrio"], ["-W", "error::RuntimeWarning", "-m", "ferrio"]):
+        out = subprocess.run(
+            [sys.executable, *args, "info", __file__],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert out.returncode == 2, out
+        assert "RuntimeWarning" not in out.stderr, out.stderr
+        assert out.stderr.count("FERRIO_TASK_SIZE") == 1, out.stderr

@@ -192,6 +192,9 @@ def test_futures_and_modes(tmp_path: Path) -> None:
                 with pytest.raises(ferrio.CancelledError):
                     fut.result(timeout=30)
                 assert fut.cancelled()
+                # As concurrent.futures: a cancelled future has no exception to return.
+                with pytest.raises(ferrio.CancelledError):
+                    fut.exception()
             else:
                 assert fut.result(timeout=30) == len(data)
                 assert not fut.cancelled()
