@@ -37,6 +37,14 @@ impl<'a, 'py> FromPyObject<'a, 'py> for SettingText {
         if obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyString>() {
             return Ok(SettingText(obj.str()?.to_str()?.to_string()));
         }
+        // Another integer type (numpy's `np.int64(4096)`): what `operator.index` makes of it.
+        if obj.hasattr(pyo3::intern!(obj.py(), "__index__"))? {
+            let py = obj.py();
+            let int = py
+                .import(pyo3::intern!(py, "operator"))?
+                .call_method1(pyo3::intern!(py, "index"), (obj,))?;
+            return Ok(SettingText(int.str()?.to_str()?.to_string()));
+        }
         Err(PyTypeError::new_err(format!(
             "a setting's value is an int, a bool or a str (such as 4194304, True or \"4MiB\"), \
              not {}",
