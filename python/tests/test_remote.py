@@ -811,6 +811,9 @@ def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
         ("AWS_ENDPOINT_URL", "localhost:9000"),
         ("AWS_ENDPOINT_URL", ""),
         ("AWS_ENDPOINT_URL", " http://127.0.0.1:9000"),
+        # Taken, and every request then asked for http://127.0.0.1:9/?x=1/bucket/key.
+        ("AWS_ENDPOINT_URL", "http://127.0.0.1:9/?x=1"),
+        ("AWS_ENDPOINT_URL", "http://127.0.0.1:9/#top"),
         ("AWS_SESSION_TOKEN", "token\r"),
         ("AWS_ACCESS_KEY_ID", "AKIA\n"),
         ("AWS_REGION", "us east 1"),

@@ -183,6 +183,23 @@ def test_shards_named_with_url_characters_load_through_a_remote_index(
     _same(fst.load_file(f"{http_base}/odd.safetensors.index.json"), _tensors(2))
 
 
+def test_an_index_may_name_its_shards_with_dot_segments(
+    http_base: str, checkpoint_dir: Path
+) -> None:
+    """`./d-1.safetensors` is the shard beside the index, remote as local (a remote index with
+    it was refused: '.' is no part of an object's key)."""
+    shards = _tensors(2)
+    names = sorted(shards)
+    weight_map = {n: "./d-1.safetensors" if n in names[:3] else "d-2.safetensors" for n in names}
+    st_numpy.save_file({n: shards[n] for n in names[:3]}, str(checkpoint_dir / "d-1.safetensors"))
+    st_numpy.save_file({n: shards[n] for n in names[3:]}, str(checkpoint_dir / "d-2.safetensors"))
+    (checkpoint_dir / "dots.safetensors.index.json").write_text(
+        json.dumps({"weight_map": weight_map})
+    )
+    _same(fst.load_file(f"{http_base}/dots.safetensors.index.json"), shards)
+    _same(fst.load_file(str(checkpoint_dir / "dots.safetensors.index.json")), shards)
+
+
 def test_save_file_to_a_url_is_a_value_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

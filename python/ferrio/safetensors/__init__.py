@@ -184,21 +184,25 @@ def _shard_files(
             isinstance(v, str) for v in weight_map.values()
         ):
             raise SafetensorError(f"index {p}: weight_map must map tensor names to file names")
+        shards: dict[str, str] = {}  # as the index names each shard: its clean relative name
         for name, shard in weight_map.items():
             # A shard lies beside the index (or below it): an index must not make the loader
             # read a file or object anywhere else.
             parts = shard.replace("\\", "/").split("/")
-            if not shard or shard.startswith("/") or "://" in shard or ".." in parts:
+            # `./model.safetensors` and `model.safetensors` are one file (and one object).
+            clean = "/".join(part for part in shard.split("/") if part not in ("", "."))
+            if not clean or shard.startswith("/") or "://" in shard or ".." in parts:
                 raise SafetensorError(
                     f"index {p}: tensor {name!r} is mapped to {shard!r}, which is not a file "
                     "beside the index (shards are named relative to its directory, without '..')"
                 )
+            shards[shard] = clean
         if remote:  # shards are objects beside the index, named in the URL percent-encoded
             base = p.rsplit("/", 1)[0]
-            mapped = {k: f"{base}/{_url_part(v)}" for k, v in weight_map.items()}
+            mapped = {k: f"{base}/{_url_part(shards[v])}" for k, v in weight_map.items()}
         else:
             base = os.path.dirname(p)
-            mapped = {k: os.path.join(base, v) for k, v in weight_map.items()}
+            mapped = {k: os.path.join(base, shards[v]) for k, v in weight_map.items()}
         return sorted(set(mapped.values())), mapped
     return [p], None
 

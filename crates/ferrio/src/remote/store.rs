@@ -464,6 +464,17 @@ fn check_variable(key: &str, value: &str) -> Result<()> {
              http://host:port or https://host"
         )));
     }
+    // The store appends each request's path to the endpoint as text: `http://h/?x=1` asked
+    // for `http://h/?x=1/bucket/key`.
+    if is_url
+        && !relative
+        && Url::parse(value).is_ok_and(|u| u.query().is_some() || u.fragment().is_some())
+    {
+        return Err(Error::InvalidArgument(format!(
+            "the variable {name}={value:?} holds a '?' or '#': an endpoint is \
+             http(s)://host[:port][/path], each request's path is added after it"
+        )));
+    }
     // Names that become part of a host or a URL's path (`s3.REGION.amazonaws.com`,
     // `login.../TENANT/...`, `ACCOUNT.blob.core.windows.net`).
     let names_a_host_part = key.ends_with("_region")
