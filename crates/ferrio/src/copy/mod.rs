@@ -242,20 +242,12 @@ impl Copier<'_> {
                 &mut ancestors,
             );
         }
-        let (files, bytes) =
-            entries
-                .iter()
-                .filter(|e| e.kind != Kind::Dir)
-                .fold((0u64, 0u64), |(n, b), e| {
-                    (
-                        n + 1,
-                        b + if e.kind == Kind::File {
-                            e.meta.len()
-                        } else {
-                            0
-                        },
-                    )
-                });
+        let (files, bytes) = entries
+            .iter()
+            .filter(|e| e.kind != Kind::Dir)
+            .fold((0u64, 0u64), |(n, b), e| {
+                (n + 1, b + if e.kind == Kind::File { e.len } else { 0 })
+            });
         self.progress.files_total.store(files, Ordering::Relaxed);
         self.progress.bytes_total.store(bytes, Ordering::Relaxed);
 

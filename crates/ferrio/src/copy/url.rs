@@ -398,7 +398,9 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
                 let f = crate::File::options()
                     .settings(settings.clone())
                     .open(p, "r")?;
-                (Source::Local(f), meta.len())
+                // A block device's size is the device's (`stat` says 0).
+                let len = f.len()?;
+                (Source::Local(f), len)
             }
         };
         let dst = match &dest_end {

@@ -6,7 +6,7 @@
 use std::ffi::OsString;
 use std::fs::{self, Metadata};
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::Copier;
@@ -26,6 +26,8 @@ pub(super) struct Entry {
     pub(super) dst: PathBuf,
     pub(super) meta: Metadata,
     pub(super) kind: Kind,
+    /// Bytes to copy: the file's size (a block device's is the device's, not `stat`'s 0).
+    pub(super) len: u64,
     /// Device of the destination's file system (of its root's parent), for scheduling.
     pub(super) dst_dev: u64,
 }
@@ -45,19 +47,41 @@ impl Copier<'_> {
             return;
         }
         let ft = meta.file_type();
+        let mut len = meta.len();
         let kind = if ft.is_dir() {
             Kind::Dir
         } else if ft.is_file() {
             Kind::File
         } else if ft.is_symlink() {
             Kind::Symlink
+        } else if ft.is_block_device() && ancestors.is_empty() {
+            // Named as a source (not met inside a tree): its content is copied into a file, as
+            // `cp /dev/sdb1 disk.img` does.
+            match block_device_len(&src) {
+                Ok(n) => len = n,
+                Err(source) => {
+                    let error = Error::Fs {
+                        action: "open",
+                        path: src.clone(),
+                        source,
+                    };
+                    self.fail_paths(&src, &dst, error);
+                    return;
+                }
+            }
+            Kind::File
         } else {
             self.fail_paths(
                 &src,
                 &dst,
                 Error::InvalidArgument(format!(
-                    "{} is not a regular file, directory or symlink: not copied",
-                    src.display()
+                    "{} is not a regular file, directory or symlink: not copied{}",
+                    src.display(),
+                    if ft.is_block_device() {
+                        " (a block device is copied when named as a source)"
+                    } else {
+                        ""
+                    }
                 )),
             );
             return;
@@ -68,6 +92,7 @@ impl Copier<'_> {
                 dst,
                 meta,
                 kind,
+                len,
                 dst_dev,
             });
             return;
@@ -99,6 +124,7 @@ impl Copier<'_> {
             dst: dst.clone(),
             meta,
             kind,
+            len,
             dst_dev,
         });
         ancestors.push(id);
@@ -126,6 +152,12 @@ impl Copier<'_> {
         }
         ancestors.pop();
     }
+}
+
+/// The bytes a block device holds (`stat` says 0): where reading it ends.
+fn block_device_len(path: &Path) -> io::Result<u64> {
+    use std::io::Seek;
+    fs::File::open(path)?.seek(io::SeekFrom::End(0))
 }
 
 /// The names in a directory, sorted (so copies are made in a predictable order).

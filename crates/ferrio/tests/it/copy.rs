@@ -694,3 +694,48 @@ fn two_files_named_alike_into_one_directory_are_refused_before_copying() {
     assert_eq!(rep.files, 1);
     assert_eq!(fs::read(out.join("n")).unwrap(), data(10, 1));
 }
+
+#[test]
+fn a_block_device_named_as_a_source_is_copied_into_a_file() {
+    let lfs = match LoopFs::new(20) {
+        Ok(l) => l,
+        Err(why) => {
+            eprintln!("skipped: a loop device: {why}");
+            return;
+        }
+    };
+    make_file(&lfs.mount_point(), "inside", &data(3 << 20, 61));
+    let dev = Path::new(lfs.device());
+    ferrio::sys::sync();
+    let d = disk_dir();
+    for method in [CopyMethod::Auto, CopyMethod::CopyFileRange] {
+        // It was refused ("not a regular file, directory or symlink"), as inside a tree.
+        let img = d.path().join(format!("disk-{method}.img"));
+        let progress = Arc::new(CopyProgress::default());
+        let o = CopyOptions::new()
+            .method(method)
+            .verify(true)
+            .progress(progress.clone());
+        let r = copy([dev], &img, &o).unwrap();
+        assert!(r.is_ok(), "{:?}", r.errors);
+        assert_eq!((r.files, r.bytes, r.verified), (1, 20 << 20, 1));
+        assert_eq!(
+            progress.bytes_total(),
+            20 << 20,
+            "the total counts the device"
+        );
+        assert_eq!(fs::read(&img).unwrap(), fs::read(dev).unwrap());
+    }
+    // Met inside a tree it is still not copied (cp -r would make a device node).
+    let tree = d.path().join("tree");
+    fs::create_dir(&tree).unwrap();
+    std::os::unix::fs::symlink(dev, tree.join("dev")).unwrap();
+    let o = CopyOptions::new().recursive(true).follow_symlinks(true);
+    let r = copy([&tree], d.path().join("out"), &o).unwrap();
+    assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+    assert!(
+        r.errors[0].error.to_string().contains("named as a source"),
+        "{}",
+        r.errors[0].error
+    );
+}
