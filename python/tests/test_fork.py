@@ -115,9 +115,6 @@ def test_a_grandchild_reads_too(two_mib: tuple[Path, np.ndarray]) -> None:
 def _read_then_fork(path: str) -> int:
     """In a child: read, fork a grandchild that reads, and return its exit status (or -1 when it
     hung and was killed)."""
-    import signal
-    import time
-
     _read_path(path)
     pid = os.fork()
     if pid == 0:
@@ -126,15 +123,7 @@ def _read_then_fork(path: str) -> int:
             os._exit(0 if n == MIB else 1)
         finally:
             os._exit(2)
-    deadline = time.monotonic() + DEADLINE_S / 2
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return -1
+    return _wait_child(pid, DEADLINE_S / 2)
 
 
 def _await_and_call_back(path: str) -> tuple[int, bool]:

@@ -276,28 +276,9 @@ fn a_sighup_ignored_from_the_start_stays_ignored() {
     let src = d.path().join("big");
     fs::write(&src, bytes(64 << 20, 5)).unwrap();
     let dst = d.path().join("copy");
-    let mut cmd = ferrio();
-    cmd.args([
-        "cp",
-        "--threads",
-        "1",
-        "--task-size",
-        "64KiB",
-        "--method",
-        "read-write",
-    ])
-    .arg(&src)
-    .arg(&dst)
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
-    // SAFETY: `signal` is async-signal-safe, as `pre_exec` requires.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            libc::signal(libc::SIGHUP, libc::SIG_IGN);
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
+    let mut child = slow_copy(&src, &dst, &[], (libc::SIGHUP, libc::SIG_IGN))
+        .spawn()
+        .unwrap();
     let t0 = Instant::now();
     while temp_files(d.path()).is_empty() && t0.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(2));
@@ -369,6 +350,32 @@ fn a_copy_in_another_pid_namespace_keeps_its_temporary_file() {
     assert!(fs::read(shared.join("big")).unwrap() == bytes(128 << 20, 6));
 }
 
+/// `ferrio cp SRC DST EXTRA...` on one thread in small tasks through memory (slow enough to be
+/// caught mid-copy), started with `action` (`SIG_DFL`, `SIG_IGN`) for signal `number`.
+fn slow_copy(
+    src: &Path,
+    dst: &Path,
+    extra: &[&str],
+    (number, action): (libc::c_int, libc::sighandler_t),
+) -> Command {
+    let mut cmd = ferrio();
+    cmd.args(["cp", "--threads", "1", "--task-size", "64KiB"])
+        .args(["--method", "read-write"])
+        .args(extra)
+        .arg(src)
+        .arg(dst)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: `signal` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            libc::signal(number, action);
+            Ok(())
+        });
+    }
+    cmd
+}
+
 /// Sends `signal` to a copy under way; it must exit with `code` and leave nothing behind.
 fn signal_mid_copy(signal: libc::c_int, code: i32) {
     let d = tmp();
@@ -377,32 +384,12 @@ fn signal_mid_copy(signal: libc::c_int, code: i32) {
     let out = d.path().join("out");
     fs::create_dir(&out).unwrap();
     fs::write(out.join("big"), b"old content").unwrap();
-    // Small tasks, one thread, read + write and a verify: slow enough to be caught mid-copy.
-    let mut cmd = ferrio();
-    cmd.args([
-        "cp",
-        "--threads",
-        "1",
-        "--task-size",
-        "64KiB",
-        "--method",
-        "read-write",
-        "--verify",
-    ])
-    .arg(&src)
-    .arg(&out)
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
-    // The copy starts with the signal's default action, as from a terminal: a test run under
-    // `nohup` would otherwise hand it an ignored SIGHUP, which the copy rightly keeps ignoring.
-    // SAFETY: `signal` is async-signal-safe, as `pre_exec` requires.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-            libc::signal(signal, libc::SIG_DFL);
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
+    // A verify makes it slower still. The copy starts with the signal's default action, as
+    // from a terminal: a test run under `nohup` would otherwise hand it an ignored SIGHUP, which
+    // the copy rightly keeps ignoring.
+    let mut child = slow_copy(&src, &out, &["--verify"], (signal, libc::SIG_DFL))
+        .spawn()
+        .unwrap();
     let t0 = Instant::now();
     while temp_files(&out).is_empty() && t0.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(2));
