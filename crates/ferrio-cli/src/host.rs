@@ -52,11 +52,14 @@ pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
 }
 
 /// Bytes this process may write on the file system holding `path`: what unprivileged users
-/// may, and for root also the blocks the file system reserves for it.
+/// may, and for root also the blocks the file system reserves for it; `None` where it does not
+/// say.
 pub(crate) fn writable_bytes(path: &Path) -> Option<u64> {
     // SAFETY: `geteuid` has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    statvfs(path).map(|st| {
+    // A file system that reports no blocks at all (a FUSE one without `statfs`) says nothing
+    // about its room.
+    statvfs(path).filter(|st| st.f_blocks > 0).map(|st| {
         let blocks = if root { st.f_bfree } else { st.f_bavail };
         blocks * st.f_frsize
     })

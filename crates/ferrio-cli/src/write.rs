@@ -178,7 +178,8 @@ fn check_target(p: &Path, size: u64) -> anyhow::Result<bool> {
 /// Checks, before any target is truncated, that each file system has room for `size` bytes in
 /// each of its target files, counting the blocks the existing ones hold now. A write that
 /// cannot fit fails here, leaving the old files whole, rather than after truncating them.
-/// Block devices, and file systems that report no free space, are not checked.
+/// Block devices, and file systems that report no size (a FUSE one without `statfs`), are not
+/// checked.
 fn check_space(paths: &[PathBuf], size: u64) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt;
     // Per file system (device number): a target in it, the bytes wanted, the bytes held now.

@@ -8,7 +8,7 @@ mod common;
 use common::interrupt_and_time;
 
 fn ferrio() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferrio"))
+    common::ferrio()
 }
 
 fn run(args: &[&str]) -> Output {

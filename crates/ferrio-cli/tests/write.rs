@@ -10,7 +10,7 @@ mod common;
 use common::{interrupt_and_time, LoopFs};
 
 fn ferrio() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferrio"))
+    common::ferrio()
 }
 
 fn run(args: &[&Path]) -> Output {

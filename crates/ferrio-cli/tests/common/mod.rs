@@ -7,6 +7,23 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+/// The `ferrio` binary, started with the default action for the signals the tests send
+/// (SIGINT, SIGTERM, SIGHUP), as from a terminal: a test run in the background or under `nohup`
+/// would otherwise hand it ignored ones, which ferrio rightly keeps ignoring.
+pub fn ferrio() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrio"));
+    // SAFETY: `signal` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            for number in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(number, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
 /// Sends SIGINT to `child`.
 pub fn interrupt(child: &Child) {
     // SAFETY: plain kill(2) of our own child.
