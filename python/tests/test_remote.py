@@ -775,7 +775,7 @@ def test_cli_info_describes_an_object(http_object: tuple[str, _Object]) -> None:
     assert out.returncode == 0, out.stderr
     assert f"({len(obj.body) / (1 << 20):.2f} MiB)" in out.stdout, out.stdout
     out = info(url.replace("object.bin", "missing.bin"))
-    assert out.returncode == 1 and "missing.bin" in out.stderr, out
+    assert out.returncode == 2 and "missing.bin" in out.stderr, out  # a missing file is 2 too
     # A password is never echoed.
     out = info(url.replace("http://", "http://user:secret@"))
     assert out.returncode == 2 and "secret" not in out.stderr, out
