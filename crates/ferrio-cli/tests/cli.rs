@@ -338,9 +338,10 @@ fn run_limited(kib: u64, args: &[&str]) -> Output {
 fn bench_and_write_without_the_memory_they_need_fail_in_one_line_and_clean_up() {
     // `vec![0; size]` aborted the process (SIGABRT), leaving the temporary directory or the
     // new file behind.
+    // Sizes small enough for a nearly full disk (both check the room first).
     let d = tmp();
     let dir = d.path().to_str().unwrap();
-    let o = run_limited(256 << 10, &["bench", "--dir", dir, "--size", "1GiB"]);
+    let o = run_limited(160 << 10, &["bench", "--dir", dir, "--size", "200MiB"]);
     assert_one_line_error(&o, 1, "cannot allocate");
     assert!(
         leftovers(d.path()).is_empty(),
@@ -349,8 +350,8 @@ fn bench_and_write_without_the_memory_they_need_fail_in_one_line_and_clean_up() 
     );
     let target = d.path().join("new");
     let o = run_limited(
-        256 << 10,
-        &["write", "--size", "1GiB", target.to_str().unwrap()],
+        160 << 10,
+        &["write", "--size", "200MiB", target.to_str().unwrap()],
     );
     assert_one_line_error(&o, 1, "cannot allocate");
     assert!(!target.exists(), "write left {}", target.display());
