@@ -156,8 +156,8 @@ impl Copier<'_> {
 
 /// The bytes a block device holds (`stat` says 0): where reading it ends.
 fn block_device_len(path: &Path) -> io::Result<u64> {
-    use std::io::Seek;
-    fs::File::open(path)?.seek(io::SeekFrom::End(0))
+    use std::os::fd::AsFd;
+    crate::sys::block_device_size(fs::File::open(path)?.as_fd())
 }
 
 /// The names in a directory, sorted (so copies are made in a predictable order).
