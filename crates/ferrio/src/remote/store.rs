@@ -454,10 +454,13 @@ fn check_variable(key: &str, value: &str) -> Result<()> {
         )));
     }
     let relative = key.ends_with("relative_uri");
-    let is_url = key.contains("endpoint")
-        || key.ends_with("_url")
-        || key.ends_with("_uri")
-        || key.ends_with("authority_host");
+    // `AZURE_USE_FABRIC_ENDPOINT` is a flag (`true`), not an endpoint.
+    let is_flag = key.ends_with("use_fabric_endpoint");
+    let is_url = !is_flag
+        && (key.contains("endpoint")
+            || key.ends_with("_url")
+            || key.ends_with("_uri")
+            || key.ends_with("authority_host"));
     if is_url && !relative && !is_http_url(value) {
         return Err(Error::InvalidArgument(format!(
             "the variable {name}={value:?} is not an http(s) URL: write it as \
@@ -889,6 +892,30 @@ mod tests {
 
     /// The kept stores are one list for the process: these tests take turns with it.
     static KEPT: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn store_variables_named_endpoint_are_checked_as_urls_unless_they_are_flags() {
+        for (key, value) in [
+            ("aws_endpoint_url", "localhost:9000"),
+            ("azure_msi_endpoint", "169.254.169.254"),
+            ("aws_metadata_endpoint", ""),
+            ("azure_storage_authority_host", "login"),
+        ] {
+            let err = check_variable(key, value).unwrap_err().to_string();
+            assert!(err.contains("not an http(s) URL"), "{key}: {err}");
+        }
+        for (key, value) in [
+            ("aws_endpoint_url", "http://127.0.0.1:9000"),
+            ("azure_use_fabric_endpoint", "true"),
+            ("azure_use_fabric_endpoint", "false"),
+            (
+                "aws_container_credentials_relative_uri",
+                "/v2/credentials/x",
+            ),
+        ] {
+            assert!(check_variable(key, value).is_ok(), "{key}={value}");
+        }
+    }
 
     #[test]
     fn a_file_url_names_its_local_path() {
