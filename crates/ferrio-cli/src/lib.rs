@@ -280,3 +280,8 @@ pub(crate) fn gibps(bytes: u64, secs: f64) -> f64 {
         bytes as f64 / secs / (1u64 << 30) as f64
     }
 }
+
+/// CPU seconds spent per GiB moved, for the JSON reports; `None` (null) when nothing moved.
+pub(crate) fn cpu_per_gib(cpu_secs: f64, bytes: u64) -> Option<f64> {
+    (bytes > 0).then(|| cpu_secs / (bytes as f64 / (1u64 << 30) as f64))
+}

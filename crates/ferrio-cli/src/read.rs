@@ -241,8 +241,7 @@ fn report(done: &Finished, gpu: Option<usize>, json_out: bool) -> anyhow::Result
             .collect();
         let v = json!({
             "bytes": bytes, "seconds": secs, "gib_per_s": gibps(bytes, secs), "into": into,
-            // Nothing moved: no rate to give (null).
-            "cpu_seconds_per_gib": (bytes > 0).then(|| cpu / (bytes as f64 / (1u64 << 30) as f64)),
+            "cpu_seconds_per_gib": crate::cpu_per_gib(cpu, bytes),
             "files": files, "pools": crate::info::pools_json(),
         });
         out(&v.to_string())?;

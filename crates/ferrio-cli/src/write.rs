@@ -327,8 +327,7 @@ fn write_all(
             .collect();
         out(&json!({
             "bytes": written, "seconds": secs, "gib_per_s": gibps(written, secs),
-            // Nothing moved: no rate to give (null).
-            "cpu_seconds_per_gib": (written > 0).then(|| cpu / (written as f64 / (1u64 << 30) as f64)),
+            "cpu_seconds_per_gib": crate::cpu_per_gib(cpu, written),
             "synced": !a.no_sync, "files": per_file, "pools": crate::info::pools_json(),
         })
         .to_string())?;
