@@ -72,7 +72,9 @@ def main() -> int:
     ap.add_argument("--dir", default="/var/tmp", help="a directory on the disk to measure")
     ap.add_argument("--size-gib", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--ferrio", default=os.environ.get("FERRIO_BIN", "ferrio"), help="the CLI")
+    ap.add_argument(
+        "--ferrio", default=os.environ.get("FERRIO_BENCH_BIN", "ferrio"), help="the CLI"
+    )
     ap.add_argument("--gpu", action="store_true", help="also read into GPU memory (CuPy)")
     ap.add_argument("--skip-cgroup", action="store_true")
     a = ap.parse_args()

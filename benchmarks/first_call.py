@@ -45,7 +45,7 @@ if not late:
 path, small = sys.argv[1], int(sys.argv[2])
 sys.path.insert(0, sys.argv[3])
 from thread_sampler import ThreadSampler
-sampler = ThreadSampler()  # FERRIO_SAMPLE_MS: the first read's threads, sampled
+sampler = ThreadSampler()  # FERRIO_BENCH_SAMPLE_MS: the first read's threads, sampled
 # FIRSTCALL_FRESH_SECOND=1: the second read goes to a new array (GPU memory not yet written).
 fresh = os.environ.get("FIRSTCALL_FRESH_SECOND") == "1"
 # FIRSTCALL_TOUCH_FIRST=1: the array is written (zeroed) before the first read's clock.
@@ -342,7 +342,10 @@ def main() -> None:
                 print(f"timeline of {name}'s first read (ms from its start: what@start(duration)):")
                 print(timeline(events, res["first_at"]), flush=True)
                 if sampled:
-                    print(f"thread samples of {name}'s first read (FERRIO_SAMPLE_MS):\n{samples}")
+                    print(
+                        f"thread samples of {name}'s first read (FERRIO_BENCH_SAMPLE_MS):\n"
+                        f"{samples}"
+                    )
     print("\nmedians, fresh process per row; ratio = first-read rate / second-read rate (>= 0.9):")
     head = f"{'variant':<20} {'first GiB/s':>11} {'second':>8} {'ratio':>6}"
     print(head + "  trace of the first read (medians)")

@@ -44,7 +44,7 @@ export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
   done
   echo "thp: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
   # Whether the GPU driver mirrors the process's address space (HMM), which puts it in the path
-  # of every mapping change, and whether kernel stacks are readable (FERRIO_SAMPLE_MS).
+  # of every mapping change, and whether kernel stacks are readable (FERRIO_BENCH_SAMPLE_MS).
   echo "uvm_disable_hmm: $(cat /sys/module/nvidia_uvm/parameters/uvm_disable_hmm 2>/dev/null || echo n/a);" \
     "$(nvidia-smi -q 2>/dev/null | grep -i 'addressing mode' | xargs)"
   echo "kptr_restrict: $(cat /proc/sys/kernel/kptr_restrict)"; } >>"$S" 2>&1

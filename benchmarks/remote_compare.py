@@ -21,7 +21,7 @@ directory, run in the foreground and stopped at the end. It serves one object at
 
 Where the OS has no nginx (the GPU machines), a bundle of this machine's nginx, lua module and
 shared libraries made by ``benchmarks/carry_nginx.sh`` runs instead, from ``.carry/nginx`` (or
-``$FERRIO_NGINX_BUNDLE``), through its own dynamic loader. Without either, or with ``--server
+``$FERRIO_BENCH_NGINX_BUNDLE``), through its own dynamic loader. Without either, or with ``--server
 python``, a threaded Python server stands in, in ``--server-procs`` processes on one port,
 streaming at the cap from the first byte (``os.sendfile`` in 256 KiB steps, paced), with the
 same per-request delay: as an object store sends, so a slow connection shows while its body
@@ -39,8 +39,9 @@ the loopback rate), 1.5 x the best peer at its defaults and 1.0 x the best peer 
 settings; into GPU memory 0.95 x the host rate (``--gpu``, CuPy). The client
 ``ferrio-cudahost`` reads into host memory from a process set up as the GPU read's (CUDA's
 context and the device allocation made first), to tell what the GPU read does from what a GPU
-library in the process does. ``FERRIO_SAMPLE_MS=N`` samples every thread's state for the read's
-first N ms (``thread_sampler.py``; with ``--trace-dir`` the samples land in the raw ``.trace``).
+library in the process does. ``FERRIO_BENCH_SAMPLE_MS=N`` samples every thread's state for the
+read's first N ms (``thread_sampler.py``; with ``--trace-dir`` the samples land in the raw
+``.trace``).
 ``FERRIO_BENCH_IMPORT_FIRST=numpy:cupy`` (or ``ferrio-gpu@FERRIO_BENCH_IMPORT_FIRST=...``) makes
 a ferrio client import those modules before ferrio, as a user's program would.
 
@@ -329,7 +330,8 @@ def _run_client(
 
         text = summarise(parse(out.stderr), got["span"])
         if "ferrio-sample" in out.stderr:
-            text += "\nthread samples (FERRIO_SAMPLE_MS):\n" + samples(out.stderr, got["span"][0])
+            sampled = samples(out.stderr, got["span"][0])
+            text += "\nthread samples (FERRIO_BENCH_SAMPLE_MS):\n" + sampled
         trace.write_text(text + "\n")
         # The raw timeline beside it, for a closer look.
         trace.with_suffix(".trace").write_text(out.stderr)
@@ -482,7 +484,9 @@ LUA_MODULES = [
 ]
 
 # benchmarks/carry_nginx.sh's bundle: sbin/nginx, modules/, lua/ and lib/ (the loader included).
-BUNDLE = Path(os.environ.get("FERRIO_NGINX_BUNDLE", Path(__file__).parent.parent / ".carry/nginx"))
+BUNDLE = Path(
+    os.environ.get("FERRIO_BENCH_NGINX_BUNDLE", Path(__file__).parent.parent / ".carry/nginx")
+)
 
 
 def _free_port() -> int:

@@ -1,6 +1,6 @@
 """What every thread of this process is doing, sampled, for the first milliseconds of a read.
 
-With ``FERRIO_SAMPLE_MS=N`` set, :class:`ThreadSampler` samples every thread of the process it
+With ``FERRIO_BENCH_SAMPLE_MS=N`` set, :class:`ThreadSampler` samples every thread of the process it
 runs in for N ms (about every 0.5 ms): its state and the kernel function it waits in
 (``/proc/self/task/*/wchan``), and, in uninterruptible sleep, its kernel stack where readable
 (root). Idle threads are left out. :meth:`ThreadSampler.dump` writes the samples to stderr as
@@ -27,11 +27,11 @@ IDLE_WCHANS = {
 
 
 class ThreadSampler:
-    """Samples this process's threads from :meth:`start` for ``FERRIO_SAMPLE_MS`` ms (nothing
+    """Samples this process's threads from :meth:`start` for ``FERRIO_BENCH_SAMPLE_MS`` ms (nothing
     without it)."""
 
     def __init__(self) -> None:
-        self.ms = float(os.environ.get("FERRIO_SAMPLE_MS", "0") or 0)
+        self.ms = float(os.environ.get("FERRIO_BENCH_SAMPLE_MS", "0") or 0)
         self.lines: list[str] = []
         self.thread: threading.Thread | None = None
 
@@ -88,7 +88,7 @@ def summarise(stderr: str, t0: float) -> str:
             t = float(parts[1])
             samples.setdefault(t, []).append((parts[2], parts[3], parts[4], parts[5]))
     if not samples:
-        return "  no samples (FERRIO_SAMPLE_MS unset?)"
+        return "  no samples (FERRIO_BENCH_SAMPLE_MS unset?)"
     times = sorted(samples)
     counts: dict[tuple[str, str], int] = {}
     for rows in samples.values():

@@ -84,14 +84,21 @@ def _imported_by_the_command_line() -> bool:
 
 
 def _warn_about_environment() -> None:
-    """Warn once if a ``FERRIO_*`` variable held a bad value (the defaults are in force)."""
+    """Warn of the ``FERRIO_*`` environment's mistakes, each once.
+
+    A bad value (the defaults are in force), and each variable that names no setting (ignored).
+    """
+    if _imported_by_the_command_line():
+        return
     problem = config.environment_error()
-    if problem is not None and not _imported_by_the_command_line():
+    if problem is not None:
         warnings.warn(
             f"ferrio: ignoring the FERRIO_* environment, defaults in force: {problem}",
             RuntimeWarning,
             stacklevel=3,
         )
+    for line in config.environment_warnings():
+        warnings.warn(f"ferrio: {line}", RuntimeWarning, stacklevel=3)
 
 
 _warn_about_environment()

@@ -28,6 +28,7 @@ __all__ = [
     "drop_cache",
     "drop_system_cache",
     "env_error",
+    "env_warnings",
     "is_remote_url",
     "local_path",
     "open",
@@ -355,6 +356,9 @@ def config_describe() -> list[tuple[str, str, str, str, str]]:
 
 def env_error() -> str | None:
     """Return the error in the FERRIO_* environment found at start-up, or None."""
+
+def env_warnings() -> list[str]:
+    """Return one line per FERRIO_* variable that names no setting (ignored)."""
 
 def cli_main(argv: Sequence[str]) -> int:
     """Run the ferrio command line; return its exit code."""

@@ -88,6 +88,15 @@ def environment_error() -> str | None:
     return _native.env_error()
 
 
+def environment_warnings() -> list[str]:
+    """Return one line per ``FERRIO_*`` variable that names no setting (a misspelt name, say).
+
+    ferrio ignores such variables; each line names the setting variable nearest to it where one
+    is near (``did you mean FERRIO_THREADS_PER_DEVICE?``). Importing ferrio warns of each.
+    """
+    return _native.env_warnings()
+
+
 class _Change:
     """Settings just changed by `set`; restores the previous values when used with ``with``."""
 

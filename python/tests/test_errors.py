@@ -380,3 +380,44 @@ def test_the_command_line_reports_a_bad_variable_once_as_an_error() -> None:
         assert out.returncode == 2, out
         assert "RuntimeWarning" not in out.stderr, out.stderr
         assert out.stderr.count("FERRIO_TASK_SIZE") == 1, out.stderr
+
+
+def test_a_misspelt_variable_is_named_once_with_the_setting_it_is_nearest() -> None:
+    """A `FERRIO_*` variable that names no setting was ignored without a word (a benchmark ran
+    its defaults for a whole run under `FERRIO_FERRIO_CACHE`)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FERRIO_THREAD_PER_DEVICE="8")
+    out = subprocess.run(
+        [sys.executable, "-c", "import ferrio; print(ferrio.config.environment_warnings())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "RuntimeWarning" in out.stderr, out.stderr
+    assert "did you mean FERRIO_THREADS_PER_DEVICE?" in out.stderr, out.stderr
+    assert "FERRIO_THREAD_PER_DEVICE is no ferrio setting" in out.stdout, out.stdout
+    # The command line says it once, as a warning, and goes on.
+    out = subprocess.run(
+        [sys.executable, "-m", "ferrio", "info", __file__],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out
+    assert "RuntimeWarning" not in out.stderr, out.stderr
+    assert out.stderr.count("FERRIO_THREAD_PER_DEVICE") == 1, out.stderr
+    assert "ferrio: warning:" in out.stderr, out.stderr
+    # Settings' own variables, `FERRIO_TRACE` and the project's test tools' are no mistake.
+    env = dict(os.environ, FERRIO_TASK_SIZE="1MiB", FERRIO_TRACE="off", FERRIO_TEST_X="1")
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-c", "import ferrio"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0 and not out.stderr, out

@@ -84,6 +84,9 @@ pub fn run(args: Vec<OsString>) -> i32 {
         say!("ferrio: {err}");
         return 2;
     }
+    for warning in ferrio::Settings::env_warnings() {
+        say!("ferrio: warning: {warning}");
+    }
     host::raise_open_file_limit();
     let _ctrl_c = interrupt::CtrlC::install();
     let result = match cli.command {

@@ -140,3 +140,10 @@ pub(crate) fn config_describe() -> Vec<(
 pub(crate) fn env_error() -> Option<String> {
     Settings::env_error()
 }
+
+/// One line per `FERRIO_*` variable that names no setting (ignored), with the nearest setting's
+/// variable where one is near.
+#[pyfunction]
+pub(crate) fn env_warnings() -> Vec<String> {
+    Settings::env_warnings()
+}

@@ -62,6 +62,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config::config_settings, m)?)?;
     m.add_function(wrap_pyfunction!(config::config_describe, m)?)?;
     m.add_function(wrap_pyfunction!(config::env_error, m)?)?;
+    m.add_function(wrap_pyfunction!(config::env_warnings, m)?)?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(stats::stats, m)?)?;
     m.add_function(wrap_pyfunction!(copy::copy, m)?)?;

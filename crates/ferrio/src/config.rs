@@ -741,6 +741,41 @@ pub fn setting(name: &str) -> Option<&'static SettingInfo> {
         .find(|i| i.name.eq_ignore_ascii_case(key) || i.env.eq_ignore_ascii_case(key))
 }
 
+/// `FERRIO_*` variables that name no setting and are still no mistake: `FERRIO_TRACE` (the
+/// bounce rings' timing trace) and the project's own test and benchmark tools' prefixes.
+const OTHER_VARIABLES: [&str; 3] = ["FERRIO_TRACE", "FERRIO_TEST_*", "FERRIO_BENCH_*"];
+
+/// [`Settings::env_warnings`] for the variable names `names`, sorted.
+fn unknown_variables(names: impl Iterator<Item = String>) -> Vec<String> {
+    let known = |name: &str| {
+        SETTINGS.iter().any(|i| i.env == name)
+            || OTHER_VARIABLES.iter().any(|o| match o.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => name == *o,
+            })
+    };
+    let mut unknown: Vec<String> = names
+        .filter(|n| n.starts_with("FERRIO_") && !known(n))
+        .collect();
+    unknown.sort();
+    unknown
+        .into_iter()
+        .map(|name| {
+            let nearest = SETTINGS
+                .iter()
+                .map(|i| (strsim::damerau_levenshtein(&name, i.env), i.env))
+                .min();
+            match nearest {
+                // A few letters apart: a typo rather than another tool's variable.
+                Some((d, env)) if d <= 3 => {
+                    format!("{name} is no ferrio setting and is ignored (did you mean {env}?)")
+                }
+                _ => format!("{name} is no ferrio setting and is ignored"),
+            }
+        })
+        .collect()
+}
+
 impl SettingInfo {
     /// Parses `value` into this setting of `settings`; a bad value is an error naming
     /// `shown_name` (the variable or name the user gave), the value and the accepted forms, and
@@ -758,7 +793,7 @@ impl Settings {
     /// Default settings overridden by every `FERRIO_*` variable that is set.
     ///
     /// A variable with a bad value is an error naming the variable, the value and the accepted
-    /// forms; unknown `FERRIO_*` variables are ignored.
+    /// forms; unknown `FERRIO_*` variables are ignored (see [`Settings::env_warnings`]).
     pub fn from_env() -> Result<Settings> {
         let mut s = Settings::default();
         for info in SETTINGS {
@@ -786,6 +821,13 @@ impl Settings {
     pub fn env_error() -> Option<String> {
         global_cell();
         ENV_ERROR.get().and_then(|e| e.clone())
+    }
+
+    /// One line per `FERRIO_*` variable in the environment that names no setting (a misspelt
+    /// `FERRIO_THREAD_PER_DEVICE`, say), which ferrio ignores, with the setting variable it is
+    /// closest to where one is near. The CLI and the Python package print them at start-up.
+    pub fn env_warnings() -> Vec<String> {
+        unknown_variables(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))
     }
 
     /// Replaces the process-wide settings (operations already issued are unaffected).
@@ -958,6 +1000,33 @@ pub fn format_size(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_ferrio_variables_are_named_with_the_nearest_setting() {
+        let names = [
+            "FERRIO_THREAD_PER_DEVICE",
+            "FERRIO_FERRIO_CACHE",
+            "FERRIO_TASK_SIZE",
+            "FERRIO_TRACE",
+            "FERRIO_TEST_DIR",
+            "FERRIO_BENCH_BIN",
+            "FERRIO_SOMETHING_ELSE_ENTIRELY",
+            "PATH",
+            "ferrio_cache",
+        ];
+        let lines = unknown_variables(names.iter().map(|n| n.to_string()));
+        assert_eq!(
+            lines,
+            [
+                "FERRIO_FERRIO_CACHE is no ferrio setting and is ignored",
+                "FERRIO_SOMETHING_ELSE_ENTIRELY is no ferrio setting and is ignored",
+                "FERRIO_THREAD_PER_DEVICE is no ferrio setting and is ignored (did you mean \
+                 FERRIO_THREADS_PER_DEVICE?)",
+            ]
+        );
+        // Every setting's own variable is known.
+        assert!(unknown_variables(SETTINGS.iter().map(|i| i.env.to_string())).is_empty());
+    }
 
     #[test]
     fn sizes_parse_in_every_form() {
