@@ -7,6 +7,8 @@ import errno
 import io
 import mmap
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -287,18 +289,16 @@ def test_invalid_timeouts(small_file: Path) -> None:
         assert fut.result(0.0 if fut.done() else 10.0) == 10
 
 
-def test_os_error_of_the_environment_is_a_warning(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    env = dict(os.environ, FERRIO_TASK_SIZE="lots")
-    out = subprocess.run(
-        [sys.executable, "-W", "error::RuntimeWarning", "-c", "import ferrio"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
+def _python(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Runs this Python with `args` and the environment `env`, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, check=False
     )
+
+
+def test_os_error_of_the_environment_is_a_warning(tmp_path: Path) -> None:
+    env = dict(os.environ, FERRIO_TASK_SIZE="lots")
+    out = _python(env, "-W", "error::RuntimeWarning", "-c", "import ferrio")
     assert out.returncode != 0
     assert "FERRIO_TASK_SIZE" in out.stderr and "lots" in out.stderr and "4MiB" in out.stderr
 
@@ -365,18 +365,9 @@ def test_a_closed_file_cannot_be_entered_again(tmp_path: Path) -> None:
 def test_the_command_line_reports_a_bad_variable_once_as_an_error() -> None:
     """`python -m ferrio` (as the console script) says what is wrong with the environment as
     its error; the import's RuntimeWarning said it a second time, as if it were ignored."""
-    import subprocess
-    import sys
-
     env = dict(os.environ, FERRIO_TASK_SIZE="lots")
     for args in (["-m", "ferrio"], ["-W", "error::RuntimeWarning", "-m", "ferrio"]):
-        out = subprocess.run(
-            [sys.executable, *args, "info", __file__],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        out = _python(env, *args, "info", __file__)
         assert out.returncode == 2, out
         assert "RuntimeWarning" not in out.stderr, out.stderr
         assert out.stderr.count("FERRIO_TASK_SIZE") == 1, out.stderr
@@ -385,39 +376,19 @@ def test_the_command_line_reports_a_bad_variable_once_as_an_error() -> None:
 def test_a_misspelt_variable_is_named_once_with_the_setting_it_is_nearest() -> None:
     """A `FERRIO_*` variable that names no setting was ignored without a word (a benchmark ran
     its defaults for a whole run under `FERRIO_FERRIO_CACHE`)."""
-    import subprocess
-    import sys
-
     env = dict(os.environ, FERRIO_THREAD_PER_DEVICE="8")
-    out = subprocess.run(
-        [sys.executable, "-c", "import ferrio; print(ferrio.config.environment_warnings())"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    out = _python(env, "-c", "import ferrio; print(ferrio.config.environment_warnings())")
+    assert out.returncode == 0, out
     assert "RuntimeWarning" in out.stderr, out.stderr
     assert "did you mean FERRIO_THREADS_PER_DEVICE?" in out.stderr, out.stderr
     assert "FERRIO_THREAD_PER_DEVICE is no ferrio setting" in out.stdout, out.stdout
     # The command line says it once, as a warning, and goes on.
-    out = subprocess.run(
-        [sys.executable, "-m", "ferrio", "info", __file__],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    out = _python(env, "-m", "ferrio", "info", __file__)
     assert out.returncode == 0, out
     assert "RuntimeWarning" not in out.stderr, out.stderr
     assert out.stderr.count("FERRIO_THREAD_PER_DEVICE") == 1, out.stderr
     assert "ferrio: warning:" in out.stderr, out.stderr
     # Settings' own variables, `FERRIO_TRACE` and the project's test tools' are no mistake.
     env = dict(os.environ, FERRIO_TASK_SIZE="1MiB", FERRIO_TRACE="off", FERRIO_TEST_X="1")
-    out = subprocess.run(
-        [sys.executable, "-W", "error", "-c", "import ferrio"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    out = _python(env, "-W", "error", "-c", "import ferrio")
     assert out.returncode == 0 and not out.stderr, out
