@@ -812,6 +812,14 @@ def test_copy_missing_and_not_recursive(s3: Any, tmp_path: Path) -> None:
         ferrio.copy(tmp_path / "tree", f"s3://{s3.ferrio_bucket}/tree/")
     with pytest.raises(ValueError, match="recursive"):
         ferrio.copy(f"s3://{s3.ferrio_bucket}/tree/", tmp_path / "out")
+    # A prefix named without its '/' is no object either; it said "no such object", where `cp`
+    # says of a directory that it needs -r.
+    s3.put_object(Bucket=s3.ferrio_bucket, Key="pre/fix/a.bin", Body=b"a")
+    for prefix in ("pre", "pre/fix"):
+        with pytest.raises(ValueError, match=r"is a prefix: copy it with recursive"):
+            ferrio.copy(f"s3://{s3.ferrio_bucket}/{prefix}", tmp_path / "out")
+    with pytest.raises(FileNotFoundError):
+        ferrio.copy(f"s3://{s3.ferrio_bucket}/pre/fi", tmp_path / "out")
     assert [p.name for p in tmp_path.iterdir()] == ["tree"]
 
 

@@ -343,6 +343,16 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
                 // A web server's `dir/` is one resource, as `dir` is another.
                 let f = match RemoteFile::open_until(u, settings.clone(), &cancelled) {
                     Err(Error::Cancelled) => return stopped(report),
+                    // No such object, but keys under `u/`: a "directory", as `cp` says of one.
+                    Err(e)
+                        if !options.recursive
+                            && is_not_found(&e)
+                            && remote::holds_objects(u, &settings) =>
+                    {
+                        return Err(Error::InvalidArgument(format!(
+                            "{u} is a prefix: copy it with recursive (-r)"
+                        )));
+                    }
                     other => other?,
                 };
                 let len = f.len();

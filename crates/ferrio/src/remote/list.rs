@@ -170,6 +170,26 @@ pub(crate) fn list_prefix_until(
     Ok(objects)
 }
 
+/// Whether some object's key lies under the prefix `url` names (`s3://bucket/dir` asks for keys
+/// `dir/...`): one listing page, read only as far as its first key. For messages only: any
+/// failure (a store that may not be listed, a missing bucket) answers `false`.
+pub(crate) fn holds_objects(url: &str, settings: &Settings) -> bool {
+    let Ok(location) = store::parse_prefix(url) else {
+        return false;
+    };
+    if location.scheme == ObjectStoreScheme::Http || location.path.as_ref().is_empty() {
+        return false;
+    }
+    let (Ok(store), Ok(handle)) = (store::build_with(&location, settings), runtime::handle())
+    else {
+        return false;
+    };
+    handle.block_on(async {
+        let mut listed = store.list(Some(&location.path));
+        matches!(listed.try_next().await, Ok(Some(_)))
+    })
+}
+
 fn unsafe_key(url: &str, why: &str) -> Error {
     Error::InvalidArgument(format!(
         "{url}: an object key under this prefix is not a safe relative path (an empty, '.' or \

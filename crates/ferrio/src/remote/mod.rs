@@ -51,7 +51,8 @@ use fetch::Landing;
 use share::{Next, Share, Shares};
 
 pub(crate) use list::{
-    as_prefix, can_list, encode_key_part, is_plain_name, list_prefix_until, names_a_store_only,
+    as_prefix, can_list, encode_key_part, holds_objects, is_plain_name, list_prefix_until,
+    names_a_store_only,
 };
 pub use list::{list_prefix, ListedObject};
 pub use runtime::{reserve_sockets, reserve_sockets_soon};
