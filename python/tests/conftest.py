@@ -57,10 +57,12 @@ def big_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray
 
 @pytest.fixture
 def python_sigint() -> Iterator[None]:
-    """Python's own Ctrl-C handler, for tests that interrupt the main thread.
+    """Python's own Ctrl-C handler, for tests that interrupt the main thread or a child.
 
     A shell starts background jobs with SIGINT ignored, and Python then installs no handler, so
-    `_thread.interrupt_main()` would do nothing (as a real Ctrl-C would): install it here.
+    `_thread.interrupt_main()` or a SIGINT would do nothing (as a real Ctrl-C would), and a child
+    would start with it ignored too (an ignored signal stays ignored across `exec`): install the
+    handler here, which children then start without (a handled signal is reset by `exec`).
     """
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield

@@ -287,7 +287,7 @@ def test_exception_inside_with_leaves_nothing(s3: Any, exc: type[BaseException])
     assert _uploads(s3) == []
 
 
-def test_ctrl_c_while_write_waits_for_a_part_aborts_at_once(s3: Any) -> None:
+def test_ctrl_c_while_write_waits_for_a_part_aborts_at_once(s3: Any, python_sigint: None) -> None:
     # One part in flight, and it never finishes: the next write() waits for it. Ctrl-C there
     # must abort the upload and raise at once, not when the stalled part gives up.
     s3.faults.stall_parts = True
@@ -1024,7 +1024,9 @@ def test_copy_prefix_with_objects_deleted_or_replaced_after_the_listing(
     assert files_under(out) == {"0.bin": bodies[0], "3.bin": bodies[3]}
 
 
-def test_cli_cp_ctrl_c_while_the_store_does_not_answer(s3: Any, tmp_path: Path) -> None:
+def test_cli_cp_ctrl_c_while_the_store_does_not_answer(
+    s3: Any, tmp_path: Path, python_sigint: None
+) -> None:
     """Ctrl-C while a listing (cp -r) or the object's HEAD (cp) waits on the store exits with 130
     at once, and nothing is made; before, it waited for the request to time out, and the
     destination directory of the tree was made after all."""
@@ -1188,7 +1190,9 @@ def test_cli_cp_json_both_ways(s3: Any, tmp_path: Path) -> None:
     assert "cli.bin.missing" in out.stderr
 
 
-def test_cli_cp_ctrl_c_during_upload_leaves_nothing(s3: Any, tmp_path: Path) -> None:
+def test_cli_cp_ctrl_c_during_upload_leaves_nothing(
+    s3: Any, tmp_path: Path, python_sigint: None
+) -> None:
     s3.faults.stall_parts = True
     src = tmp_path / "big.bin"
     src.write_bytes(remote_data(4 * PART, seed=15))
