@@ -454,6 +454,54 @@ def test_save_refuses_a_header_no_loader_reads():
         fsn.save({"a": np.zeros(1)}, metadata={"k": "x" * 100_000_001})
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.array([1 + 2j]),
+        np.array(["x"]),
+        np.array([1, "x"], dtype=object),
+        np.array(["2020-01-01"], dtype="datetime64[D]"),
+    ],
+    ids=["complex128", "str", "object", "datetime64"],
+)
+def test_a_dtype_the_format_lacks_is_a_safetensor_error_as_in_safetensors(tmp_path, value):
+    # `except SafetensorError` catches it in safetensors; a drop-in must raise the same class.
+    with pytest.raises(safetensors.SafetensorError):
+        sn.save({"a": value})
+    with pytest.raises(SafetensorError, match="tensor 'a': safetensors has no dtype for"):
+        fsn.save_file({"a": value}, tmp_path / "m.safetensors")
+    assert os.listdir(tmp_path) == []
+
+
+def test_numpy_views_and_fortran_arrays_save_their_values_in_c_order(tmp_path):
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    d = {
+        "strided": base[:, ::2],
+        "fortran": np.asfortranarray(base),
+        "reversed": base[::-1],
+        "big_endian": base.astype(">f4"),
+    }
+    p = tmp_path / "m.safetensors"
+    fsn.save_file(d, p)
+    got = sn.load_file(p)
+    for name, want in d.items():
+        assert got[name].shape == want.shape, name
+        assert np.array_equal(got[name], want), name
+    # Identical to safetensors' bytes once each is contiguous (given as is, safetensors 0.8
+    # writes a strided or Fortran array's underlying buffer in place of its values).
+    packed = {k: np.ascontiguousarray(v).astype("<f4") for k, v in d.items()}
+    assert p.read_bytes() == sn.save(packed) == fsn.save(d)
+
+
+def test_a_tensor_named_like_the_metadata_is_a_safetensor_error():
+    # safetensors 0.8 saves it, and then cannot load the file it wrote.
+    data = sn.save({"__metadata__": np.zeros(2)})
+    with pytest.raises(safetensors.SafetensorError):
+        sn.load(data)
+    with pytest.raises(SafetensorError, match=r'tensor "__metadata__": the name is reserved'):
+        fsn.save({"__metadata__": np.zeros(2)})
+
+
 def test_a_bytes_path_loads_and_bad_metadata_is_named(tmp_path):
     p = tmp_path / "m.safetensors"
     d = {"a": np.arange(3, dtype=np.int32)}

@@ -9,11 +9,10 @@ use std::path::PathBuf;
 
 use ferrio::safetensors::{header_bytes, Dtype, Header, TensorSpec};
 use ferrio::{Error, RemoteFile};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::errors::to_pyerr;
+use crate::errors::{to_pyerr, SafetensorError};
 use crate::gil::without_gil;
 
 /// One tensor of a header as Python sees it: `(name, dtype, shape, begin, end)`, offsets
@@ -123,11 +122,15 @@ pub(crate) fn safetensors_header_bytes<'py>(
         .map(|(name, dtype, shape)| {
             let dtype = dtype
                 .parse::<Dtype>()
-                .map_err(|e| PyValueError::new_err(format!("tensor {name:?}: {e}")))?;
+                .map_err(|e| SafetensorError::new_err(format!("tensor {name:?}: {e}")))?;
             Ok(TensorSpec { name, dtype, shape })
         })
         .collect::<PyResult<Vec<_>>>()?;
-    let (bytes, places) = header_bytes(&specs, metadata.as_ref()).map_err(to_pyerr)?;
+    // A tensor the format cannot hold is a `SafetensorError`, as `safetensors` raises it.
+    let (bytes, places) = header_bytes(&specs, metadata.as_ref()).map_err(|e| match e {
+        Error::InvalidArgument(why) => SafetensorError::new_err(why),
+        e => to_pyerr(e),
+    })?;
     let places = places
         .into_iter()
         .map(|p| (p.name, p.begin, p.end))

@@ -896,7 +896,11 @@ def save_file(
     say, that other snapshots share) keeps its bytes. A file replaced keeps its permission
     bits; other hard links to it keep the old bytes. A `filename` that exists must be
     a regular file: a directory, FIFO or device raises ``OSError`` before anything is written.
-    Tensors must not be modified while the call runs.
+    Tensors must not be modified while the call runs. A numpy or CuPy array that is not
+    C-contiguous (a strided view, a Fortran array) or is big-endian is saved as its values in
+    C order, little-endian (``safetensors.numpy`` 0.8 writes such an array's raw buffer); a
+    non-contiguous torch tensor is refused, as in ``safetensors.torch``. A dtype the format
+    lacks raises :class:`SafetensorError`.
     """
     if is_remote_url(os.fsdecode(os.fspath(filename))):
         raise ValueError(

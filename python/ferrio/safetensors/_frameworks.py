@@ -269,7 +269,7 @@ def to_bytes(name: str, tensor: Any) -> tuple[str, list[int], Any]:
         arr = xp.ascontiguousarray(tensor)
         dtype = safetensors_dtype(arr.dtype)
         if dtype is None:
-            raise ValueError(f"tensor {name!r}: safetensors has no dtype for {arr.dtype}")
+            raise SafetensorError(f"tensor {name!r}: safetensors has no dtype for {arr.dtype}")
         # ascontiguousarray makes a 0-d array 1-d: the shape comes from the original.
         return dtype, [int(d) for d in tensor.shape], arr.reshape(-1).view(xp.uint8)
     raise ValueError(
@@ -292,7 +292,7 @@ def _torch_bytes(name: str, tensor: Any) -> tuple[str, list[int], Any]:
     names = {getattr(torch, v): k for k, v in _TORCH_NAMES.items() if hasattr(torch, v)}
     dtype = names.get(tensor.dtype)
     if dtype is None:
-        raise ValueError(f"tensor {name!r}: safetensors has no dtype for {tensor.dtype}")
+        raise SafetensorError(f"tensor {name!r}: safetensors has no dtype for {tensor.dtype}")
     # detach: a tensor that requires grad (an nn.Parameter) has no numpy() nor
     # __cuda_array_interface__; safetensors.torch saves it, so do we.
     flat = tensor.detach().reshape(-1).view(torch.uint8)
