@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ferrio._native import RemoteFile as _RemoteFile
 from ferrio._native import local_path as _local_path
@@ -18,9 +19,10 @@ if TYPE_CHECKING:
 
 
 def fromfile(
-    path: str | bytes | os.PathLike[str] | os.PathLike[bytes],
+    file: str | bytes | os.PathLike[str] | os.PathLike[bytes] | IO[bytes],
     dtype: npt.DTypeLike = "uint8",
     count: int = -1,
+    sep: str = "",
     offset: int = 0,
     *,
     shape: int | tuple[int, ...] | None = None,
@@ -35,6 +37,11 @@ def fromfile(
     its end when `count` is -1.
     Needs numpy.
 
+    `file` is a path, a ``file:`` URL, an object URL (``s3://...``, see `open_url`) or, as in
+    numpy, an open binary file of a local regular file or block device: then `offset` counts from
+    its current position, and the position ends after the bytes read. The positional order is
+    numpy's (`sep` before `offset`); `sep` must be ``""`` (binary): text files are numpy's.
+
     `device` ``"cpu"`` gives a numpy array; ``"cuda"`` or ``"cuda:N"`` a CuPy array on GPU N
     (needs CuPy), filled straight from the file through ferrio's pinned bounce buffers.
     """
@@ -43,16 +50,54 @@ def fromfile(
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("ferrio.fromfile needs numpy: pip install numpy") from e
 
+    if not isinstance(sep, str):
+        raise TypeError(
+            f"sep must be a str, not {type(sep).__name__}: offset is the 5th argument, after "
+            "sep, as in numpy.fromfile (or give it by name: offset=...)"
+        )
+    if sep:
+        raise ValueError(f"sep must be '' (a binary file), not {sep!r}: text is numpy.fromfile's")
+    if offset < 0:
+        raise ValueError(f"offset must be at least 0, not {offset}")
     dt = np.dtype(dtype)
     if dt.hasobject:
         raise ValueError(f"cannot read into an array of Python objects (dtype {dt})")
     if dt.itemsize == 0:
         raise ValueError(f"dtype {dt} has no size: give one of at least one byte (e.g. 'S1')")
-    if offset < 0:
-        raise ValueError(f"offset must be at least 0, not {offset}")
     if shape is not None and count != -1:
         raise ValueError("give count or shape, not both")
-    path = _local_path(path)  # a file:/ URL's path: the small-file read below opens it too
+    if isinstance(file, (str, bytes, os.PathLike)):
+        path = _local_path(file)  # a file:/ URL's path: the small-file read opens it too
+        return _read_path(path, os.fsdecode(path), dt, count, offset, shape, device)
+    if not hasattr(file, "fileno"):
+        raise TypeError(f"expected a path or an open binary file, not {type(file).__name__}")
+    # numpy reads an open file from its position and leaves it after what it read.
+    if isinstance(file, io.TextIOBase):
+        raise TypeError("fromfile reads a file opened in binary mode ('rb'), not text mode")
+    name = str(getattr(file, "name", file))
+    if hasattr(file, "readable") and not file.readable():
+        raise io.UnsupportedOperation(f"{name!r} is not open for reading")
+    if hasattr(file, "writable") and file.writable():
+        file.flush()  # bytes written through the object reach the file first
+    start = file.tell()
+    at = f"/proc/self/fd/{file.fileno()}"  # the same file, opened anew for ferrio's reads
+    arr = _read_path(at, name, dt, count, start + offset, shape, device)
+    file.seek(start + offset + arr.nbytes)
+    return arr
+
+
+def _read_path(
+    path: str | bytes | os.PathLike[str] | os.PathLike[bytes],
+    name: str,
+    dt: Any,
+    count: int,
+    offset: int,
+    shape: int | tuple[int, ...] | None,
+    device: str,
+) -> Any:
+    """`fromfile` of the file at `path`, called `name` in errors."""
+    import numpy as np
+
     with _open(path, "r") as f:
         local = not isinstance(f, _RemoteFile)  # an object's size is what it holds
         if local and shape is None and count < 0 and f.size <= _SMALL_FILE:
@@ -70,7 +115,7 @@ def fromfile(
         got = f.read(arr, offset=offset)
     if got != arr.nbytes:
         raise ValueError(
-            f"{os.fspath(path)!r} holds {got} bytes after offset {offset}, "
+            f"{name!r} holds {got} bytes after offset {offset}, "
             f"fewer than the {arr.nbytes} asked for"
         )
     return arr

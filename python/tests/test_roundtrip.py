@@ -87,9 +87,47 @@ def test_fromfile_is_numpy_fromfile(data_file: tuple[Path, np.ndarray]) -> None:
     path, _ = data_file
     for dtype, count, offset in [(np.uint8, -1, 0), (np.float32, 1000, 8), (np.int64, -1, 3)]:
         expected = np.fromfile(path, dtype=dtype, count=count, offset=offset)
-        np.testing.assert_array_equal(ferrio.fromfile(path, dtype, count, offset), expected)
+        np.testing.assert_array_equal(ferrio.fromfile(path, dtype, count, "", offset), expected)
     with pytest.raises(ValueError, match="fewer than"):
         ferrio.fromfile(path, np.uint8, shape=(1 << 30,))
+
+
+def test_fromfile_reads_an_open_file_from_its_position_as_numpy_does(
+    data_file: tuple[Path, np.ndarray], tmp_path: Path
+) -> None:
+    path, data = data_file
+    with open(path, "rb") as ours, open(path, "rb") as theirs:
+        for f in (ours, theirs):
+            f.read(10)  # Python's buffer reads ahead; the position is still 10
+        for count, offset in [(5, 2), (1000, 0), (-1, 3)]:
+            want = np.fromfile(theirs, np.uint16, count=count, offset=offset)
+            got = ferrio.fromfile(ours, np.uint16, count=count, offset=offset)
+            np.testing.assert_array_equal(got, want)
+            assert ours.tell() == theirs.tell()
+    # A file written through the object is flushed first; the position ends after the read.
+    with open(tmp_path / "rw.bin", "w+b") as f:
+        f.write(b"abcdefgh")
+        f.seek(2)
+        assert ferrio.fromfile(f, "S1", count=3).tolist() == [b"c", b"d", b"e"]
+        assert f.tell() == 5 and f.read() == b"fgh"
+    with open(path, "rb") as f, pytest.raises(ValueError, match=f"{path}.*fewer than"):
+        ferrio.fromfile(f, np.uint8, shape=len(data) + 1)
+    with open(path) as text, pytest.raises(TypeError, match="binary mode"):
+        ferrio.fromfile(text)  # type: ignore[arg-type]
+    with open(tmp_path / "w.bin", "wb") as w, pytest.raises(OSError, match="not open for reading"):
+        ferrio.fromfile(w)
+
+
+def test_fromfile_takes_numpy_positional_order_and_binary_sep_only(
+    data_file: tuple[Path, np.ndarray],
+) -> None:
+    path, _ = data_file
+    want = np.fromfile(path, np.float32, 3, "", 8)
+    np.testing.assert_array_equal(ferrio.fromfile(path, np.float32, 3, "", 8), want)
+    with pytest.raises(TypeError, match="offset is the 5th argument"):
+        ferrio.fromfile(path, np.float32, 3, 8)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"text is numpy\.fromfile's"):
+        ferrio.fromfile(path, np.float32, sep=" ")
 
 
 def test_every_kind_of_buffer(data_file: tuple[Path, np.ndarray], tmp_path: Path) -> None:
