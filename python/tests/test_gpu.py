@@ -62,6 +62,13 @@ def test_dtypes_shapes_and_write_back(tmp_path: Any, dtype: str) -> None:
     assert bool((back == src).all())
     arr = ferrio.fromfile(path, dtype=dtype, shape=src.shape, device="cuda")
     assert isinstance(arr, cp.ndarray) and bool((arr == src).all())
+    # An open file, from its position, as numpy.fromfile reads one.
+    row = src[0].nbytes
+    with open(path, "rb") as f:
+        f.seek(row)
+        arr = ferrio.fromfile(f, dtype, count=src[1:].size, device="cuda")
+        assert f.tell() == src.nbytes
+    assert isinstance(arr, cp.ndarray) and bool((arr == src[1:].reshape(-1)).all())
 
 
 def test_non_contiguous_gpu_array_is_refused(data_file: tuple[str, np.ndarray]) -> None:
