@@ -4,10 +4,14 @@ shards, tensor_filter, slices, validation (one test per rule, plus a hypothesis 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import resource
 import stat
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -186,6 +190,39 @@ def test_a_missing_or_broken_shard_is_named_and_nothing_stays_open(tmp_path):
         fsn.load_file(tmp_path / "m.safetensors.index.json")
     assert names[2] in str(e.value)
     assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_more_shards_than_the_soft_limit_on_open_files_load(tmp_path):
+    """Every shard stays open until the load ends (2 descriptors each): a checkpoint of more
+    shards than `ulimit -n` allows loads where the hard limit has room (the soft one is raised),
+    and is refused up front, naming both counts, where it has not."""
+    shards = 150
+    for i in range(shards):
+        sn.save_file({f"t{i}": np.full(4, i, np.int32)}, tmp_path / f"m-{i:05d}.safetensors")
+    load = f"""
+import resource, sys
+import ferrio.safetensors.numpy as fsn
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, int(sys.argv[1])))
+try:
+    got = fsn.load_file({str(tmp_path)!r})
+except OSError as e:
+    print("refused", e.errno, e)
+else:
+    assert sorted(int(v[0]) for v in got.values()) == list(range({shards}))
+    print("loaded", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard limit on open files here is {hard}")
+    out = subprocess.run([sys.executable, "-c", load, "1024"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    words = out.stdout.split()
+    assert words[0] == "loaded" and 2 * shards < int(words[1]) <= 1024, out.stdout
+    out = subprocess.run([sys.executable, "-c", load, "128"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"refused {errno.EMFILE} "), out.stdout
+    assert f"checkpoint's {shards} files need about" in out.stdout
+    assert "hard limit 128" in out.stdout
 
 
 def test_tensor_filter_opens_only_the_shards_the_index_names(tmp_path):

@@ -290,6 +290,7 @@ class _Checkpoint:
         """
         if not files:  # an empty list, or an index that maps no tensor
             return []
+        _make_room_for(sum(not is_remote_url(f) for f in files))
         if len(files) == 1:
             handle = self.handles[files[0]] = ferrio.open(files[0], "r")
             return [safetensors_read_header(handle)]
@@ -308,6 +309,42 @@ class _Checkpoint:
     def close(self) -> None:
         for handle in self.handles.values():
             handle.close()
+
+
+# Descriptors an open local `ferrio.File` holds (one buffered, one `O_DIRECT`), and those left
+# for everything else the process opens while a checkpoint is open.
+_FDS_PER_FILE = 2
+_FDS_SPARE = 64
+
+
+def _make_room_for(local_files: int) -> None:
+    """Let `local_files` more files be open at once: raise the soft limit if needed.
+
+    The soft limit on open files (``ulimit -n``) is raised as far as the hard limit allows;
+    where that is not enough, `OSError` (``EMFILE``) names both counts before anything opens.
+    A sharded checkpoint is read as one read across all its files, each open until the load
+    ends; with the common soft limit of 1024 descriptors, a checkpoint of 500 shards would fail
+    part way (as ``ulimit -n`` would need raising by hand). Only ever raised, and only as far as
+    needed.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:  # no procfs: count none in use, the spare covers a few
+        in_use = 0
+    need = in_use + _FDS_PER_FILE * local_files + _FDS_SPARE
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise OSError(
+            errno.EMFILE,
+            f"this checkpoint's {local_files} files need about {need} open descriptors "
+            f"({_FDS_PER_FILE} each, {in_use} in use), more than this process may have "
+            f"(hard limit {hard}): raise it (ulimit -Hn) or load fewer shards at once",
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def _selected(name: str, tensor_filter: Sequence[str]) -> bool:
