@@ -126,11 +126,7 @@ pub(crate) fn safetensors_header_bytes<'py>(
             Ok(TensorSpec { name, dtype, shape })
         })
         .collect::<PyResult<Vec<_>>>()?;
-    // A tensor the format cannot hold is a `SafetensorError`, as `safetensors` raises it.
-    let (bytes, places) = header_bytes(&specs, metadata.as_ref()).map_err(|e| match e {
-        Error::InvalidArgument(why) => SafetensorError::new_err(why),
-        e => to_pyerr(e),
-    })?;
+    let (bytes, places) = header_bytes(&specs, metadata.as_ref()).map_err(to_pyerr)?;
     let places = places
         .into_iter()
         .map(|p| (p.name, p.begin, p.end))

@@ -3,6 +3,7 @@
 //! file is the caller's job.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use super::dtype::Dtype;
 use crate::{Error, Result};
@@ -36,7 +37,9 @@ pub struct Placement {
 /// order, then by name; the JSON is compact, `__metadata__` first when given. Metadata keys are
 /// written in sorted order; `safetensors` itself writes them in hash-map order, so the two
 /// files are byte-identical when the metadata has at most one key (and equal in content
-/// always).
+/// always). A tensor the format cannot hold (a name given twice or named `__metadata__`, a size
+/// past 64 bits, a dtype whose bits do not fill whole bytes) is an [`Error::Safetensors`]
+/// naming it, as a file breaking the same rule would be.
 pub fn header_bytes(
     tensors: &[TensorSpec],
     metadata: Option<&BTreeMap<String, String>>,
@@ -52,7 +55,11 @@ pub fn header_bytes(
     let mut at = 0u64;
     let mut placements = Vec::with_capacity(order.len());
     for t in order {
-        let bad = |rule: String| Error::InvalidArgument(format!("tensor {:?}: {rule}", t.name));
+        let bad = |rule: String| Error::Safetensors {
+            path: PathBuf::new(),
+            tensor: Some(t.name.clone()),
+            rule,
+        };
         if t.name == "__metadata__" {
             return Err(bad("the name is reserved for the header's metadata".into()));
         }
@@ -97,5 +104,9 @@ pub fn header_bytes(
 }
 
 fn to_json<T: serde::Serialize + ?Sized>(v: &T) -> Result<String> {
-    serde_json::to_string(v).map_err(|e| Error::InvalidArgument(format!("header JSON: {e}")))
+    serde_json::to_string(v).map_err(|e| Error::Safetensors {
+        path: PathBuf::new(),
+        tensor: None,
+        rule: format!("header JSON: {e}"),
+    })
 }
