@@ -18,8 +18,10 @@ fn rusage_seconds(who: libc::c_int) -> f64 {
 
 /// Raises this process's soft limit on open files to its hard limit, as `ulimit -n` could, so
 /// that `ferrio read` of a few thousand files does not stop at the usual soft limit of 1024
-/// (each file is opened, and so checked, before any is read). Only the command line does this:
-/// a library should not change its host process's limits. Best effort.
+/// (each file is opened, and so checked, before any is read). The command line owns its
+/// process, so it raises the limit whole, at start; the library leaves its host's limits alone,
+/// except that `ferrio.safetensors` raises the soft one as far as a sharded checkpoint it is
+/// asked to open needs (its shards stay open together). Best effort.
 pub(crate) fn raise_open_file_limit() {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
