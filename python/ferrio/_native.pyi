@@ -391,7 +391,9 @@ def copy(
     prefix downloaded into a directory (made as needed); a prefix with no objects raises
     ``FileNotFoundError``, a key with a ``..`` component ``ValueError``. Returns a dict with
     ``files``, ``dirs``, ``symlinks``, ``bytes``, ``verified`` and ``seconds``; raises the
-    first error, with a note (``__notes__``) naming the others.
+    first error, with a note (``__notes__``) naming the others. As ``shutil.copy``: a directory
+    without ``recursive=True`` raises ``IsADirectoryError``, a file onto itself (by any name or
+    link) ``shutil.SameFileError``.
     """
 
 @final

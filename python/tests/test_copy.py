@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +34,26 @@ def test_errors_are_oserrors_and_directories_need_recursive(tmp_path: Path) -> N
     with pytest.raises(FileNotFoundError):
         ferrio.copy(tmp_path / "missing", tmp_path / "x")
     (tmp_path / "d").mkdir()
-    with pytest.raises((ValueError, OSError), match=r"recursive|directory"):
+    # As shutil.copy raises for a directory: IsADirectoryError, naming it and what to do.
+    with pytest.raises(IsADirectoryError, match=r"recursive") as info:
         ferrio.copy(tmp_path / "d", tmp_path / "e")
+    assert info.value.filename == str(tmp_path / "d")
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_file_onto_itself_is_shutils_same_file_error(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"keep me")
+    os.link(f, tmp_path / "hard")
+    os.symlink("f", tmp_path / "soft")
+    for dst in (f, tmp_path / "hard", tmp_path / "soft", tmp_path):
+        # shutil.copy refuses each the same way (the last: the copy would be tmp_path / "f").
+        with pytest.raises(shutil.SameFileError):
+            shutil.copy(f, dst)
+        with pytest.raises(shutil.SameFileError, match="same file"):
+            ferrio.copy(f, dst)
+        assert f.read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "hard", "soft"]
 
 
 def test_file_system_errors_are_oserrors_naming_the_path(tmp_path: Path) -> None:

@@ -120,6 +120,8 @@ fn report(e: &anyhow::Error) -> i32 {
     }
     match e.downcast_ref::<ferrio::Error>() {
         Some(ferrio::Error::InvalidArgument(_) | ferrio::Error::InvalidSetting { .. }) => 2,
+        // A directory named to `cp` without `-r`.
+        Some(ferrio::Error::Fs { source, .. }) if source.raw_os_error() == Some(libc::EISDIR) => 2,
         // Bad input: a missing file, one this user may not open, a directory, or a FIFO,
         // socket or character device (refused at open as `InvalidInput`).
         Some(ferrio::Error::Open { source, .. })

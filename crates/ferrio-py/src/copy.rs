@@ -47,7 +47,8 @@ impl Blocking for Running {
 /// a URL of remote storage (see `ferrio::copy`): uploads complete only when whole, downloads are
 /// renamed into place when complete. Returns a dict with
 /// `files`, `bytes`, `seconds`, ...; raises the first error (an `OSError` subclass) if any entry
-/// failed, with a note naming the others.
+/// failed, with a note naming the others. As `shutil.copy`: a directory without `recursive`
+/// raises `IsADirectoryError`, a file onto itself `shutil.SameFileError`.
 #[pyfunction]
 #[pyo3(signature = (src, dst, *, recursive=false, preserve=false, verify=false, follow_symlinks=false, sync=false))]
 #[allow(clippy::too_many_arguments)]

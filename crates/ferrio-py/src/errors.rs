@@ -4,7 +4,8 @@
 //! OS errors become `OSError` built from `(errno, strerror, filename)`, which Python itself turns
 //! into the matching subclass (`FileNotFoundError`, `PermissionError`, ...). Everything that is
 //! not an OS error, a bad argument or a bad mode derives from `FerrioError`; a broken
-//! safetensors file raises `SafetensorError`, a `ValueError` as in `safetensors`.
+//! safetensors file raises `SafetensorError`, a `ValueError` as in `safetensors`; a copy onto
+//! its own source `shutil.SameFileError`.
 
 use pyo3::exceptions::{PyOSError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
@@ -35,6 +36,7 @@ pyo3::create_exception!(
     "A safetensors file breaks a rule of the format; the message names the tensor and the rule."
 );
 pyo3::import_exception!(io, UnsupportedOperation);
+pyo3::import_exception!(shutil, SameFileError);
 
 /// The `ValueError` every method of a closed file raises, worded as Python's own files do.
 pub(crate) fn closed_file() -> PyErr {
@@ -89,6 +91,8 @@ pub(crate) fn to_pyerr(e: ferrio::Error) -> PyErr {
         E::CudaUnavailable { .. } => CudaUnavailableError::new_err(e.to_string()),
         E::Cuda { .. } => CudaError::new_err(e.to_string()),
         E::Safetensors { .. } => SafetensorError::new_err(e.to_string()),
+        // As `shutil.copy` raises it: an `OSError` that `except shutil.SameFileError` catches.
+        E::SameFile { .. } => SameFileError::new_err(e.to_string()),
         _ => FerrioError::new_err(e.to_string()),
     }
 }

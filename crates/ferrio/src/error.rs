@@ -146,6 +146,15 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A copy's source and destination are one file (the same inode, through another name or a
+    /// link), as `cp` and Python's `shutil.SameFileError` refuse it.
+    #[error("{} and {} are the same file", src.display(), dst.display())]
+    SameFile {
+        /// The source as named.
+        src: PathBuf,
+        /// The destination as named.
+        dst: PathBuf,
+    },
     /// A safetensors file (or header) breaks a rule of the format.
     #[error("{}", safetensors_message(path, tensor.as_deref(), rule))]
     Safetensors {
@@ -210,7 +219,8 @@ impl Error {
             Error::Io { path, .. }
             | Error::Open { path, .. }
             | Error::BadMode { path, .. }
-            | Error::Fs { path, .. } => Some(path),
+            | Error::Fs { path, .. }
+            | Error::SameFile { dst: path, .. } => Some(path),
             Error::Safetensors { path, .. } if !path.as_os_str().is_empty() => Some(path),
             _ => None,
         }
@@ -285,6 +295,10 @@ impl Clone for Error {
                 path: path.clone(),
                 source: clone_io(source),
             },
+            Error::SameFile { src, dst } => Error::SameFile {
+                src: src.clone(),
+                dst: dst.clone(),
+            },
             Error::Safetensors { path, tensor, rule } => Error::Safetensors {
                 path: path.clone(),
                 tensor: tensor.clone(),
@@ -300,7 +314,9 @@ impl From<Error> for io::Error {
             Error::Io { source, .. } | Error::Open { source, .. } | Error::Fs { source, .. } => {
                 source.kind()
             }
-            Error::InvalidSetting { .. } | Error::InvalidArgument(_) => io::ErrorKind::InvalidInput,
+            Error::InvalidSetting { .. } | Error::InvalidArgument(_) | Error::SameFile { .. } => {
+                io::ErrorKind::InvalidInput
+            }
             Error::Safetensors { .. } => io::ErrorKind::InvalidData,
             Error::BadMode { .. } => io::ErrorKind::PermissionDenied,
             Error::Cancelled => io::ErrorKind::Interrupted,

@@ -61,10 +61,7 @@ pub(super) fn plan_roots(sources: &[PathBuf], dest: &Path, o: &CopyOptions) -> R
         };
         if meta.is_dir() {
             if !o.recursive {
-                return Err(Error::InvalidArgument(format!(
-                    "{} is a directory: copy it with recursive (-r)",
-                    src.display()
-                )));
+                return Err(super::needs_recursive(src));
             }
             if !dest_is_dir && fs::symlink_metadata(&dst).is_ok() {
                 return Err(Error::InvalidArgument(format!(
@@ -189,11 +186,10 @@ impl Copier<'_> {
         };
         if let Some(m) = target {
             if m.dev() == e.meta.dev() && m.ino() == e.meta.ino() {
-                return Err(Error::InvalidArgument(format!(
-                    "{} and {} are the same file",
-                    e.src.display(),
-                    e.dst.display()
-                )));
+                return Err(Error::SameFile {
+                    src: e.src.clone(),
+                    dst: e.dst.clone(),
+                });
             }
         }
         Ok(existing)

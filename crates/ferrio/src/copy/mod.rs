@@ -91,7 +91,9 @@ use walk::{Entry, Kind};
 /// key that would land outside the directory (`..`, an empty component) refuses the copy.
 ///
 /// Errors before anything is copied (a missing source, a bad destination) are returned as
-/// `Err`; errors of single files are listed in the report and the copy goes on.
+/// `Err`; errors of single files are listed in the report and the copy goes on. A directory
+/// source without `recursive` is an [`Error::Fs`] of `EISDIR`, as `cp` without `-r` refuses it;
+/// a file copied onto itself (by any name or link) is an [`Error::SameFile`] in the report.
 ///
 /// ```no_run
 /// # fn main() -> ferrio::Result<()> {
@@ -150,6 +152,16 @@ where
     let mut report = copier.into_report();
     report.seconds = t0.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// The error for a directory source named without [`CopyOptions::recursive`]: `EISDIR`, as
+/// opening a directory to copy it as a file would fail (Python's `IsADirectoryError`).
+fn needs_recursive(dir: &Path) -> Error {
+    Error::Fs {
+        action: "a directory is copied only with recursive (-r):",
+        path: dir.to_path_buf(),
+        source: std::io::Error::from_raw_os_error(libc::EISDIR),
+    }
 }
 
 /// Smallest and largest pipeline window picked by default.

@@ -366,10 +366,7 @@ pub(super) fn copy(sources: &[PathBuf], dest: &Path, options: &CopyOptions) -> R
                 })?;
                 if meta.is_dir() {
                     if !options.recursive {
-                        return Err(Error::InvalidArgument(format!(
-                            "{} is a directory: copy it with recursive (-r)",
-                            p.display()
-                        )));
+                        return Err(super::needs_recursive(p));
                     }
                     let root = tree_root(&src, &dest_end, many)?;
                     if matches!(root, End::Local(_)) {

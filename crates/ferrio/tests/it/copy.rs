@@ -179,6 +179,11 @@ fn destination_rules_follow_cp() {
     // A directory needs recursive, and cannot go into itself.
     let e = copy([&dir], d.path().join("dir2"), &o).unwrap_err();
     assert!(e.to_string().contains("recursive"), "{e}");
+    assert_eq!(
+        e.os_error().and_then(|e| e.raw_os_error()),
+        Some(libc::EISDIR)
+    );
+    assert_eq!(e.path(), Some(dir.as_path()));
     assert!(!d.path().join("dir2").exists());
     let r = CopyOptions::new().recursive(true);
     let e = copy([&dir], dir.join("sub"), &r).unwrap_err();
@@ -198,7 +203,9 @@ fn destination_rules_follow_cp() {
     // A file onto itself is refused and left alone.
     let rep = copy([&f1], &f1, &o).unwrap();
     assert_eq!(rep.errors.len(), 1);
-    assert!(rep.check().unwrap_err().to_string().contains("same file"));
+    let e = rep.check().unwrap_err();
+    assert!(matches!(e, Error::SameFile { .. }), "{e:?}");
+    assert!(e.to_string().contains("same file"), "{e}");
     assert_eq!(fs::read(&f1).unwrap(), data(5000, 2));
     assert_no_temp_files(d.path());
 }

@@ -751,7 +751,13 @@ fn urls_that_cannot_take_a_copy_are_refused() {
     assert!(RemoteWriter::create(&server.url).is_err());
     // A directory or a prefix needs recursive, as with cp.
     match ferrio::copy([dir.path()], "s3://bucket/prefix/", &CopyOptions::new()) {
-        Err(Error::InvalidArgument(m)) => assert!(m.contains("recursive (-r)"), "{m}"),
+        Err(e @ Error::Fs { .. }) => {
+            assert!(e.to_string().contains("recursive (-r)"), "{e}");
+            assert_eq!(
+                e.os_error().and_then(|e| e.raw_os_error()),
+                Some(libc::EISDIR)
+            );
+        }
         other => panic!("{other:?}"),
     }
     match ferrio::copy(["s3://bucket/prefix/"], dir.path(), &CopyOptions::new()) {
