@@ -14,14 +14,22 @@ Shapes (THREADS and sizes are written like `16`, `512K`, `2M`):
                        MADV_HUGEPAGE and MADV_RANDOM, pull each in with MADV_POPULATE_READ
                        (one read of exactly that chunk, kept in the page cache as huge folios
                        where the file system allows), then pread it out: the caller sets the depth
+  random:T:BS          T threads take BS blocks in order from one queue and pread them through
+                       the page cache from a descriptor advised POSIX_FADV_RANDOM (no
+                       readahead: one read of exactly BS per call, fastsafetensors' request
+                       shape, but cached; the cache gets small folios)
   direct:T:BS          T threads take BS blocks in order from one queue and read them with
                        O_DIRECT (fastsafetensors' reader: 16 threads, 512 KiB): caches nothing
+
+With ``--gpu-again FERRIO`` each round also reads the file once more with ``FERRIO read --gpu 0``
+(a new process, the page cache as the shape left it): the rate a checkpoint loaded again gets.
 
     sudo python3 benchmarks/fill_shapes.py FILE --rounds 3 --shapes buffered:2:16M,populate:4:2M
 """
 
 import argparse
 import ctypes
+import json
 import mmap
 import os
 import re
@@ -163,6 +171,24 @@ def read_populate(path, size, threads, chunk):
         os.close(fd)
 
 
+def read_random(path, size, threads, block):
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    counter, lock = [0], threading.Lock()
+
+    def work():
+        buf = bytearray(block)
+        while (off := take(counter, lock, block, size)) is not None:
+            view = memoryview(buf)[: min(block, size - off)]
+            if os.preadv(fd, [view], off) != len(view):
+                raise OSError(f"short read at {off}")
+
+    try:
+        run_threads(threads, work)
+    finally:
+        os.close(fd)
+
+
 def read_direct(path, size, threads, block):
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     counter, lock = [0], threading.Lock()
@@ -178,7 +204,12 @@ def read_direct(path, size, threads, block):
         os.close(fd)
 
 
-READERS = {"buffered": read_buffered, "populate": read_populate, "direct": read_direct}
+READERS = {
+    "buffered": read_buffered,
+    "populate": read_populate,
+    "random": read_random,
+    "direct": read_direct,
+}
 
 REREAD = r"""
 import os, sys, threading, time
@@ -211,6 +242,9 @@ def main():
     ap.add_argument("path")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default="buffered:2:16M,populate:4:2M,populate:8:2M,direct:16:512K")
+    ap.add_argument(
+        "--gpu-again", metavar="FERRIO", help="also time `FERRIO read --gpu 0 FILE` after each"
+    )
     args = ap.parse_args()
     size = os.path.getsize(args.path)
     disk = disk_of(args.path)
@@ -254,18 +288,30 @@ def main():
                 ).stdout
             )
             row = {"gib_s": size / seconds / 2**30, "again": again, "huge": huge, **disk_seen}
+            if args.gpu_again:
+                out = subprocess.run(
+                    [args.gpu_again, "read", "--gpu", "0", "--json", args.path],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                row["gpu_again"] = json.loads(out)["gib_per_s"]
             results[text].append(row)
             print(
                 f"# round {r} {text}: {row['gib_s']:.2f} GiB/s, {disk_seen}, "
-                f"huge folios {huge:.0%}, read again {again:.2f} GiB/s",
+                f"huge folios {huge:.0%}, read again {again:.2f} GiB/s"
+                + (f", into the GPU {row['gpu_again']:.2f}" if args.gpu_again else ""),
                 flush=True,
             )
-    print(f"{'shape':24} {'GiB/s':>6} {'again':>6} {'huge':>5}  disk (medians)")
+    gpu_head = f" {'GPU':>6}" if args.gpu_again else ""
+    print(f"{'shape':24} {'GiB/s':>6} {'again':>6}{gpu_head} {'huge':>5}  disk (medians)")
     for text, rows in results.items():
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         spread = ", ".join(f"{r['gib_s']:.2f}" for r in rows)
         print(
-            f"{text:24} {med['gib_s']:6.2f} {med['again']:6.2f} {med['huge']:5.0%}  "
+            f"{text:24} {med['gib_s']:6.2f} {med['again']:6.2f}"
+            + (f" {med['gpu_again']:6.2f}" if args.gpu_again else "")
+            + f" {med['huge']:5.0%}  "
             f"{med['request_kib']:.0f} KiB requests, {med['in_flight']:.1f} in flight, "
             f"{med['ms_each']:.2f} ms each  (rounds {spread})"
         )

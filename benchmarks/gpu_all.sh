@@ -4,7 +4,7 @@
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
 #   bash benchmarks/gpu_all.sh [STEP...]
-#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint blocks window parts policy cligpu ringsetup pcreg firstcall save remote multigpu
+#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint fillshapes blocks window parts policy cligpu ringsetup pcreg firstcall save remote multigpu
 #          multickpt multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
@@ -134,6 +134,19 @@ timeout "${CKPT_TIMEOUT:-420}" python3 benchmarks/checkpoint_compare.py --dir /r
   ${CKPT_COLD:+--cold-loaders "$CKPT_COLD"} ${CKPT_FIO_SHAPES:+--fio-shapes "$CKPT_FIO_SHAPES"} \
   ${CKPT_REREAD:+--reread} --fio "$ROOT/.carry/bin/fio" >"$LOGS/checkpoint_compare.log" 2>&1
 cat "$LOGS/checkpoint_compare.log" | tail -30 | tee -a "$S"
+fi
+
+if want fillshapes; then
+step fill-shapes
+# How a cold file is best pulled into the page cache (issue 15/16's cold gap): each shape's cold
+# rate, the disk's view of it, and the next read in a new process, into host and GPU memory.
+F=/root/ferrio-fill.bin
+"$ROOT/.carry/bin/ferrio" write "$F" --size "${FILLSHAPES_SIZE:-8GiB}" >>"$S" 2>&1
+timeout "${FILLSHAPES_TIMEOUT:-300}" python3 benchmarks/fill_shapes.py "$F" --rounds "${FILLSHAPES_ROUNDS:-3}" \
+  --shapes "${FILLSHAPES:-populate:4:2M,random:16:512K,direct:16:512K}" --gpu-again "$ROOT/.carry/bin/ferrio" \
+  >"$LOGS/fill_shapes.log" 2>&1
+tail -20 "$LOGS/fill_shapes.log" | tee -a "$S"
+rm -f "$F"
 fi
 
 if want blocks; then
