@@ -52,7 +52,8 @@ impl std::fmt::Display for DirectSupport {
     }
 }
 
-/// Finds the alignment for an `O_DIRECT` descriptor `fd` of a file on device `dev`.
+/// Finds the alignment `O_DIRECT` transfers of the file open as `fd` (on device `dev`) need; `fd`
+/// itself need not be opened `O_DIRECT` (`statx` reports it for the file).
 pub(crate) fn discover(fd: BorrowedFd<'_>, dev: libc::dev_t) -> DirectSupport {
     if let Some((mem, off)) = sys::dio_align(fd) {
         return DirectSupport::Available {

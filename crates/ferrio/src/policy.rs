@@ -222,6 +222,12 @@ pub(crate) enum ReadPath {
     BufferedThenDrop,
 }
 
+/// Whether any read of a file may go direct: never under `direct_read=off`, and a kept file's
+/// only under `direct_read=on` (see [`read_path`]).
+pub(crate) fn reads_may_go_direct(direct_mode: DirectMode, decision: &CacheDecision) -> bool {
+    direct_mode != DirectMode::Off && (!decision.keeps() || direct_mode == DirectMode::On)
+}
+
 /// How a read task on `[offset, offset+len)` moves its bytes. `fd` is the buffered descriptor
 /// (for the residency query), `direct_ok` whether `O_DIRECT` works on the file.
 pub(crate) fn read_path(
@@ -232,8 +238,8 @@ pub(crate) fn read_path(
     offset: u64,
     len: usize,
 ) -> ReadPath {
-    let direct = direct_mode != DirectMode::Off && direct_ok;
-    if decision.keeps() && !(direct && direct_mode == DirectMode::On) {
+    let direct = direct_ok && reads_may_go_direct(direct_mode, decision);
+    if decision.keeps() && !direct {
         // Kept files read every range through the page cache: no need to ask it anything.
         return ReadPath::Buffered;
     }

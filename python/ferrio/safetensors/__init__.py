@@ -311,21 +311,22 @@ class _Checkpoint:
             handle.close()
 
 
-# Descriptors an open local `ferrio.File` holds (one buffered, one `O_DIRECT`), and those left
-# for everything else the process opens while a checkpoint is open.
-_FDS_PER_FILE = 2
+# Descriptors an open local `ferrio.File` holds: one, and a second (`O_DIRECT`) only where its
+# reads bypass the page cache or go direct; and those left for everything else the process
+# opens while a checkpoint is open.
+_FDS_PER_FILE_LEAST, _FDS_PER_FILE_MOST = 1, 2
 _FDS_SPARE = 64
 
 
 def _make_room_for(local_files: int) -> None:
     """Let `local_files` more files be open at once: raise the soft limit if needed.
 
-    The soft limit on open files (``ulimit -n``) is raised as far as the hard limit allows;
-    where that is not enough, `OSError` (``EMFILE``) names both counts before anything opens.
-    A sharded checkpoint is read as one read across all its files, each open until the load
-    ends; with the common soft limit of 1024 descriptors, a checkpoint of 500 shards would fail
-    part way (as ``ulimit -n`` would need raising by hand). Only ever raised, and only as far as
-    needed.
+    The soft limit on open files (``ulimit -n``) is raised as far as the hard limit allows, up
+    to what the files could need (two descriptors each); where the hard limit leaves less than
+    one each, `OSError` (``EMFILE``) names both counts before anything opens. A sharded
+    checkpoint is read as one read across all its files, each open until the load ends; with
+    the common soft limit of 1024 descriptors, a checkpoint of 1000 shards would fail part way
+    (as ``ulimit -n`` would need raising by hand). Only ever raised, and only as far as needed.
     """
     import resource
 
@@ -334,17 +335,20 @@ def _make_room_for(local_files: int) -> None:
         in_use = len(os.listdir("/proc/self/fd"))
     except OSError:  # no procfs: count none in use, the spare covers a few
         in_use = 0
-    need = in_use + _FDS_PER_FILE * local_files + _FDS_SPARE
-    if soft == resource.RLIM_INFINITY or need <= soft:
+    least = in_use + _FDS_PER_FILE_LEAST * local_files + _FDS_SPARE
+    most = in_use + _FDS_PER_FILE_MOST * local_files + _FDS_SPARE
+    if soft == resource.RLIM_INFINITY or most <= soft:
         return
-    if hard != resource.RLIM_INFINITY and need > hard:
+    if hard != resource.RLIM_INFINITY and least > hard:
         raise OSError(
             errno.EMFILE,
-            f"this checkpoint's {local_files} files need about {need} open descriptors "
-            f"({_FDS_PER_FILE} each, {in_use} in use), more than this process may have "
+            f"this checkpoint's {local_files} files need at least {least} open descriptors "
+            f"({_FDS_PER_FILE_LEAST} each, {in_use} in use), more than this process may have "
             f"(hard limit {hard}): raise it (ulimit -Hn) or load fewer shards at once",
         )
-    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    resource.setrlimit(
+        resource.RLIMIT_NOFILE, (most if hard == resource.RLIM_INFINITY else min(most, hard), hard)
+    )
 
 
 def _selected(name: str, tensor_filter: Sequence[str]) -> bool:

@@ -1,8 +1,8 @@
-//! [`File`]: opening (the buffered and `O_DIRECT` descriptors, the device pool), the accessors,
-//! the public read and write entry points, and the plumbing every path shares: planning a range
-//! into tasks ([`crate::plan`]) and queueing them on the file's pool ([`crate::pool`]). The paths
-//! themselves live beside it: `read.rs`, `write.rs` and `device.rs` (GPU memory); `mode.rs`
-//! parses open modes. Syscalls go through [`crate::sys`] only.
+//! [`File`]: opening (the buffered descriptor, the `O_DIRECT` one where it is used, the device
+//! pool), the accessors, the public read and write entry points, and the plumbing every path
+//! shares: planning a range into tasks ([`crate::plan`]) and queueing them on the file's pool
+//! ([`crate::pool`]). The paths themselves live beside it: `read.rs`, `write.rs` and `device.rs`
+//! (GPU memory); `mode.rs` parses open modes. Syscalls go through [`crate::sys`] only.
 
 mod device;
 mod mode;
@@ -151,8 +151,13 @@ struct Inner {
     path: PathBuf,
     mode: Mode,
     fd: OwnedFd,
-    direct_fd: Option<OwnedFd>,
+    /// What direct I/O would need of this file (its alignments), found at open through `fd`;
+    /// `Unsupported` where the file's mode and settings never use it.
     direct: DirectSupport,
+    /// The `O_DIRECT` descriptor, or why there is none: opened at the first direct transfer or
+    /// question about it (at open for a file whose cold reads bypass the cache), so a file read
+    /// and written through the page cache holds one descriptor.
+    direct_fd: OnceLock<std::result::Result<OwnedFd, String>>,
     /// Set when a direct call was refused after open (some FUSE file systems): from then on the
     /// file goes through the page cache only.
     direct_refused: AtomicBool,
@@ -250,25 +255,11 @@ impl File {
         };
         let wants_direct = (mode.readable() && choices.direct_read != DirectMode::Off)
             || (mode.writable() && choices.direct_write != DirectMode::Off);
-        let (direct_fd, direct) = if !wants_direct {
-            (
-                None,
-                DirectSupport::Unsupported {
-                    reason: "turned off for this file".into(),
-                },
-            )
+        let direct = if wants_direct {
+            direct::discover(fd.as_fd(), data_dev)
         } else {
-            match open_checked(path, mode.direct_flags()).and_then(|dfd| same_file(dfd, &st)) {
-                Ok(dfd) => {
-                    let support = direct::discover(dfd.as_fd(), data_dev);
-                    (Some(dfd), support)
-                }
-                Err(e) => (
-                    None,
-                    DirectSupport::Unsupported {
-                        reason: format!("the file system refused O_DIRECT: {e}"),
-                    },
-                ),
+            DirectSupport::Unsupported {
+                reason: "turned off for this file".into(),
             }
         };
         let (pool, local) = pool::pool_for_device(data_dev, settings);
@@ -285,18 +276,13 @@ impl File {
             }
             mode => policy::decide(mode, 0, None),
         };
-        if policy::buffered_bypass(choices.direct_read, &cache, direct.is_available()) {
-            // Cold ranges are read buffered and dropped: readahead would bring in pages past
-            // each task that the drop does not cover. A failure only leaves readahead on.
-            let _ = sys::fadvise_random(fd.as_fd());
-        }
-        Ok(File {
+        let file = File {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
                 mode,
                 fd,
-                direct_fd,
                 direct,
+                direct_fd: OnceLock::new(),
                 direct_refused: AtomicBool::new(false),
                 writes_started: AtomicU64::new(0),
                 writes_running: AtomicUsize::new(0),
@@ -314,7 +300,18 @@ impl File {
                 populate: OnceLock::new(),
             }),
             choices,
-        })
+        };
+        // A file whose cold reads bypass the cache opens its direct descriptor now: those reads
+        // use it, and where it cannot be had they are read buffered and dropped instead, with
+        // no readahead (it would bring in pages past each task that the drop does not cover; a
+        // failure only leaves readahead on).
+        if !file.inner.cache.keeps() {
+            let direct_ok = file.direct().is_some();
+            if policy::buffered_bypass(choices.direct_read, &file.inner.cache, direct_ok) {
+                let _ = sys::fadvise_random(file.fd());
+            }
+        }
+        Ok(file)
     }
 
     /// The path the file was opened with.
@@ -343,14 +340,20 @@ impl File {
         Ok(self.len()? == 0)
     }
 
-    /// Whether and how `O_DIRECT` can be used on this file.
+    /// Whether and how `O_DIRECT` can be used on this file (asking opens the file's direct
+    /// descriptor, if it is not open yet).
     pub fn direct_support(&self) -> DirectSupport {
         if self.inner.direct_refused.load(Ordering::Relaxed) {
             return DirectSupport::Unsupported {
                 reason: "the file system refused an O_DIRECT transfer; using the page cache".into(),
             };
         }
-        self.inner.direct.clone()
+        match self.direct_fd() {
+            Err(reason) => DirectSupport::Unsupported {
+                reason: reason.clone(),
+            },
+            Ok(_) => self.inner.direct.clone(),
+        }
     }
 
     /// What the cache policy decided for this file at open, and why.
@@ -515,7 +518,8 @@ impl File {
             {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
-            for fd in std::iter::once(&self.inner.fd).chain(&self.inner.direct_fd) {
+            let direct = self.inner.direct_fd.get().and_then(|d| d.as_ref().ok());
+            for fd in std::iter::once(&self.inner.fd).chain(direct) {
                 sys::close_checked(fd.as_fd()).map_err(|e| self.err(Op::Close, 0, 0, e))?;
             }
         }
@@ -646,21 +650,43 @@ impl File {
         if self.inner.direct_refused.load(Ordering::Relaxed) {
             return None;
         }
-        match (&self.inner.direct_fd, &self.inner.direct) {
-            (
-                Some(fd),
-                DirectSupport::Available {
-                    mem_align,
-                    offset_align,
-                    ..
-                },
-            ) => Some((
-                fd.as_fd(),
-                *mem_align as usize,
-                (*offset_align as u64).max(1),
-            )),
-            _ => None,
-        }
+        let DirectSupport::Available {
+            mem_align,
+            offset_align,
+            ..
+        } = self.inner.direct
+        else {
+            return None;
+        };
+        let fd = self.direct_fd().ok()?;
+        Some((fd.as_fd(), mem_align as usize, (offset_align as u64).max(1)))
+    }
+
+    /// The file's `O_DIRECT` descriptor, opened on first use: the open file reopened through
+    /// `/proc/self/fd` (the same file, whatever its path names by now), or where `/proc` is not
+    /// mounted its path again, checked to be the same file. `Err` says why there is none.
+    fn direct_fd(&self) -> std::result::Result<&OwnedFd, &String> {
+        let inner = &*self.inner;
+        inner
+            .direct_fd
+            .get_or_init(|| {
+                if let DirectSupport::Unsupported { reason } = &inner.direct {
+                    return Err(reason.clone());
+                }
+                let flags = inner.mode.direct_flags();
+                let again = PathBuf::from(format!("/proc/self/fd/{}", inner.fd.as_raw_fd()));
+                let opened = match open_checked(&again, flags) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        open_checked(&inner.path, flags)
+                    }
+                    other => other,
+                };
+                let st = sys::fstat(inner.fd.as_fd()).map_err(|e| e.to_string())?;
+                opened
+                    .and_then(|dfd| same_file(dfd, &st))
+                    .map_err(|e| format!("the file system refused O_DIRECT: {e}"))
+            })
+            .as_ref()
     }
 }
 
@@ -682,6 +708,7 @@ impl std::fmt::Debug for File {
             .field("path", &self.inner.path)
             .field("mode", &self.inner.mode)
             .field("direct", &self.inner.direct)
+            .field("direct_open", &self.inner.direct_fd.get().map(|d| d.is_ok()))
             .field("pool", &self.pool().key())
             .finish()
     }
@@ -760,8 +787,8 @@ fn not_a_file(fmt: libc::mode_t) -> Option<std::io::Error> {
     ))
 }
 
-/// `fd` if it is the file `st` describes: the path was opened a second time (for `O_DIRECT`)
-/// and may have been replaced in between.
+/// `fd` if it is the file `st` describes: the file was opened a second time (for `O_DIRECT`),
+/// by a path that may have been replaced in between.
 fn same_file(fd: OwnedFd, st: &libc::stat) -> std::io::Result<OwnedFd> {
     let now = sys::fstat(fd.as_fd())?;
     if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) {

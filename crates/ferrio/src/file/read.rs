@@ -133,7 +133,13 @@ impl File {
             // SAFETY: callers pass sub-ranges of the task's memory.
             unsafe { self.pread_fallback(dst, off, len) }
         };
-        let direct = self.direct();
+        // A file kept in the page cache reads through it (unless `direct_read=on`): it need not
+        // open its direct descriptor to be told so.
+        let direct = if policy::reads_may_go_direct(self.choices.direct_read, &self.inner.cache) {
+            self.direct()
+        } else {
+            None
+        };
         let path = policy::read_path(
             self.choices.direct_read,
             &self.inner.cache,

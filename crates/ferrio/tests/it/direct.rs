@@ -352,3 +352,85 @@ fn a_cancelled_extending_write_leaves_another_writes_bytes_alone() {
     }
     assert!(cancelled > 0, "A was never cancelled while it ran");
 }
+
+/// How many of this process's descriptors are open on `p`.
+fn descriptors_on(p: &std::path::Path) -> usize {
+    let p = p.canonicalize().unwrap();
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| *target == p)
+        .count()
+}
+
+#[test]
+fn a_file_read_through_the_page_cache_holds_one_descriptor() {
+    use ferrio::CacheMode;
+    let dir = disk_dir();
+    let content = data(3 << 20, 12);
+    let p = make_file(dir.path(), "one", &content);
+    let kept = File::options()
+        .cache(CacheMode::Keep)
+        .open(&p, "r")
+        .unwrap();
+    let mut buf = vec![POISON; content.len()];
+    assert_eq!(kept.read_at(&mut buf, 0).unwrap(), content.len());
+    assert!(buf == content);
+    assert_eq!(
+        descriptors_on(&p),
+        1,
+        "a kept file's reads need no O_DIRECT descriptor"
+    );
+    // Asking about direct I/O opens the direct descriptor, where the file system gives one.
+    let available = kept.direct_support().is_available();
+    assert_eq!(descriptors_on(&p), 1 + available as usize);
+    drop(kept);
+    assert_eq!(descriptors_on(&p), 0);
+    // A file whose cold reads bypass the cache opens it at once: they use it.
+    let bypassed = File::options()
+        .cache(CacheMode::Bypass)
+        .open(&p, "r")
+        .unwrap();
+    assert_eq!(descriptors_on(&p), 1 + available as usize);
+    buf.fill(POISON);
+    assert_eq!(bypassed.read_at(&mut buf, 0).unwrap(), content.len());
+    assert!(buf == content);
+}
+
+#[test]
+fn a_direct_descriptor_opened_late_is_of_the_file_opened_even_when_its_path_is_gone() {
+    use ferrio::CacheMode;
+    let dir = disk_dir();
+    let content = data((2 << 20) + 5, 13);
+    let p = make_file(dir.path(), "late", &content);
+    let f = File::options()
+        .cache(CacheMode::Keep)
+        .direct_read(DirectMode::On)
+        .open(&p, "r")
+        .unwrap();
+    // The path now names another file, and then nothing: the direct descriptor opened at the
+    // first read must still be the file that was opened.
+    std::fs::rename(&p, dir.path().join("moved")).unwrap();
+    make_file(dir.path(), "late", &data(content.len(), 14));
+    std::fs::remove_file(dir.path().join("moved")).unwrap();
+    let mut buf = vec![POISON; content.len()];
+    assert_eq!(f.read_at(&mut buf, 0).unwrap(), content.len());
+    assert!(buf == content, "read another file's bytes");
+    // Both descriptors are on the opened file, now unlinked; none on the file at the path. (A
+    // reopen by path would have found another file there, and given up direct I/O.)
+    let here = File::open(&p, "r").unwrap().direct_support().is_available();
+    let available = f.direct_support().is_available();
+    assert_eq!(available, here, "{:?}", f.direct_support());
+    let available = available as usize;
+    let gone = format!(
+        "{} (deleted)",
+        dir.path().canonicalize().unwrap().join("moved").display()
+    );
+    let on_gone = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.as_os_str() == gone.as_str())
+        .count();
+    assert_eq!(on_gone, 1 + available);
+    assert_eq!(descriptors_on(&p), 0);
+}
