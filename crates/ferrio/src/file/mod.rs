@@ -157,7 +157,7 @@ struct Inner {
     /// The `O_DIRECT` descriptor, or why there is none: opened at the first direct transfer or
     /// question about it (at open for a file whose cold reads bypass the cache), so a file read
     /// and written through the page cache holds one descriptor.
-    direct_fd: OnceLock<std::result::Result<OwnedFd, String>>,
+    direct_fd: MadeOnce<std::result::Result<OwnedFd, String>>,
     /// Set when a direct call was refused after open (some FUSE file systems): from then on the
     /// file goes through the page cache only.
     direct_refused: AtomicBool,
@@ -194,7 +194,50 @@ struct Inner {
     settings: Settings,
     /// The mapping that block-by-block cache fills go through (`fill_reads=populate`), made at
     /// the first such fill; `None` where the kernel cannot make one.
-    populate: OnceLock<Option<sys::PopulateMap>>,
+    populate: MadeOnce<Option<sys::PopulateMap>>,
+}
+
+/// Testing hook: milliseconds the making of a file's direct descriptor waits first, so that a
+/// test can fork while one is half made.
+#[cfg(feature = "testing")]
+pub static DIRECT_OPEN_DELAY_MS: AtomicU64 = AtomicU64::new(0);
+
+/// A part of an open file made at its first use, once per process: a process forked from the
+/// one that opened the file uses the opener's if it was made before the fork, else makes its
+/// own (the opener's may have been half made, at the fork, by a thread the child does not
+/// have: waiting for it would block forever). A child of that child shares the child's.
+struct MadeOnce<T> {
+    opener: OnceLock<T>,
+    forked: OnceLock<T>,
+}
+
+impl<T> Default for MadeOnce<T> {
+    fn default() -> Self {
+        MadeOnce {
+            opener: OnceLock::new(),
+            forked: OnceLock::new(),
+        }
+    }
+}
+
+impl<T> MadeOnce<T> {
+    /// The value, made by `make` if this process has none yet; `opened_by` is the process
+    /// that opened the file.
+    fn get_or_init(&self, opened_by: u32, make: impl FnOnce() -> T) -> &T {
+        if let Some(made) = self.opener.get() {
+            return made;
+        }
+        if opened_by == sys::process_id() {
+            self.opener.get_or_init(make)
+        } else {
+            self.forked.get_or_init(make)
+        }
+    }
+
+    /// The value, if this process has made it (or inherited it made).
+    fn get(&self) -> Option<&T> {
+        self.opener.get().or_else(|| self.forked.get())
+    }
 }
 
 /// Where the appends of a file opened in mode `a` or `a+` go: at the end of the file as it is
@@ -282,7 +325,7 @@ impl File {
                 mode,
                 fd,
                 direct,
-                direct_fd: OnceLock::new(),
+                direct_fd: MadeOnce::default(),
                 direct_refused: AtomicBool::new(false),
                 writes_started: AtomicU64::new(0),
                 writes_running: AtomicUsize::new(0),
@@ -297,7 +340,7 @@ impl File {
                 assumed_write_probe: assumed.write_probe,
                 cache,
                 settings: settings.clone(),
-                populate: OnceLock::new(),
+                populate: MadeOnce::default(),
             }),
             choices,
         };
@@ -669,7 +712,11 @@ impl File {
         let inner = &*self.inner;
         inner
             .direct_fd
-            .get_or_init(|| {
+            .get_or_init(inner.opened_by, || {
+                #[cfg(feature = "testing")]
+                std::thread::sleep(std::time::Duration::from_millis(
+                    DIRECT_OPEN_DELAY_MS.load(Ordering::SeqCst),
+                ));
                 if let DirectSupport::Unsupported { reason } = &inner.direct {
                     return Err(reason.clone());
                 }

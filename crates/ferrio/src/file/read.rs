@@ -117,7 +117,7 @@ impl File {
         }
         self.inner
             .populate
-            .get_or_init(|| {
+            .get_or_init(self.inner.opened_by, || {
                 let size = sys::fstat(self.fd()).ok()?.st_size as u64;
                 sys::PopulateMap::new(self.fd(), size).ok()
             })

@@ -170,6 +170,97 @@ fn run_inner(inner: &str) {
 }
 
 #[test]
+fn a_forked_child_opens_its_own_direct_descriptor_if_the_parents_was_half_opened() {
+    run_inner("it::fork::inner_fork_while_the_direct_descriptor_is_opened");
+}
+
+/// A parent thread is opening a file's `O_DIRECT` descriptor (at its first direct read, held
+/// there for a second by the testing hook) when the parent forks: the child's direct read of
+/// the inherited handle must not wait for a thread it does not have.
+#[test]
+#[ignore = "run by a_forked_child_opens_its_own_direct_descriptor_if_the_parents_was_half_opened"]
+fn inner_fork_while_the_direct_descriptor_is_opened() {
+    use ferrio::file::DIRECT_OPEN_DELAY_MS;
+    use std::sync::atomic::Ordering;
+
+    let Some(passed) = std::env::var_os(INNER) else {
+        return;
+    };
+    let dir = disk_dir();
+    let bytes = data(2 * MIB, 15);
+    let path = make_file(dir.path(), "late.bin", &bytes);
+    let file = ferrio::File::options()
+        .cache(ferrio::CacheMode::Keep)
+        .direct_read(ferrio::DirectMode::On)
+        .open(&path, "r")
+        .expect("open");
+    let here = ferrio::File::open(&path, "r")
+        .expect("open")
+        .direct_support()
+        .is_available();
+    DIRECT_OPEN_DELAY_MS.store(1000, Ordering::SeqCst);
+    let asking = file.clone();
+    let asker = std::thread::spawn(move || asking.direct_support());
+    std::thread::sleep(Duration::from_millis(200));
+
+    // SAFETY: the other thread of this process sleeps in ferrio, holding no lock but the one
+    // this test is about; the child only runs ferrio and then leaves with `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let child = std::panic::AssertUnwindSafe(|| {
+            DIRECT_OPEN_DELAY_MS.store(0, Ordering::SeqCst);
+            let mut buf = vec![0u8; bytes.len()];
+            match file.read_at(&mut buf, 0) {
+                Ok(n) if n == bytes.len() && buf == bytes => {}
+                _ => return 10,
+            }
+            if file.direct_support().is_available() != here {
+                return 11;
+            }
+            0
+        });
+        let code = std::panic::catch_unwind(child).unwrap_or(20);
+        // SAFETY: ends the child at once, running no destructor or exit handler of the parent's.
+        unsafe { libc::_exit(code) };
+    }
+    let t0 = Instant::now();
+    let mut status = 0;
+    loop {
+        // SAFETY: `pid` is our child; `status` is writable.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        if t0.elapsed() > DEADLINE {
+            // SAFETY: `pid` is our child, not yet reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("the forked child's direct read hung: killed after {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the forked child failed: wait status {status:#x} (exit code {})",
+        libc::WEXITSTATUS(status)
+    );
+    assert_eq!(
+        asker.join().expect("the asking thread").is_available(),
+        here
+    );
+    let mut buf = vec![0u8; bytes.len()];
+    assert_eq!(
+        file.read_at(&mut buf, 0).expect("read in the parent"),
+        bytes.len()
+    );
+    assert!(buf == bytes);
+    std::fs::write(passed, b"").expect("say the checks passed");
+}
+
+#[test]
 fn a_forked_child_writes_while_the_parent_was_writing_at_the_fork() {
     run_inner("it::fork::inner_fork_while_writing_and_write_in_the_child");
 }
