@@ -706,8 +706,8 @@ impl File {
     }
 
     /// The file's `O_DIRECT` descriptor, opened on first use: the open file reopened through
-    /// `/proc/self/fd` (the same file, whatever its path names by now), or where `/proc` is not
-    /// mounted its path again, checked to be the same file. `Err` says why there is none.
+    /// `/proc/self/fd` (the same file, whatever its path names by now), or where that fails its
+    /// path again, checked to be the same file. `Err` says why there is none.
     fn direct_fd(&self) -> std::result::Result<&OwnedFd, &String> {
         let inner = &*self.inner;
         inner
@@ -722,12 +722,8 @@ impl File {
                 }
                 let flags = inner.mode.direct_flags();
                 let again = PathBuf::from(format!("/proc/self/fd/{}", inner.fd.as_raw_fd()));
-                let opened = match open_checked(&again, flags) {
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                        open_checked(&inner.path, flags)
-                    }
-                    other => other,
-                };
+                // `/proc` may be missing or closed to this process (a sandbox): then the path.
+                let opened = open_checked(&again, flags).or_else(|_| open_checked(&inner.path, flags));
                 let st = sys::fstat(inner.fd.as_fd()).map_err(|e| e.to_string())?;
                 opened
                     .and_then(|dfd| same_file(dfd, &st))
