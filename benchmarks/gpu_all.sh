@@ -4,7 +4,7 @@
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
 #   bash benchmarks/gpu_all.sh [STEP...]
-#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint fillshapes blocks window parts policy cligpu ringsetup pcreg firstcall save remote multigpu
+#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint fillshapes afterfill blocks window parts policy cligpu ringsetup pcreg firstcall save remote multigpu
 #          multickpt multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
@@ -146,6 +146,17 @@ timeout "${FILLSHAPES_TIMEOUT:-300}" python3 benchmarks/fill_shapes.py "$F" --ro
   --shapes "${FILLSHAPES:-populate:4:2M,random:16:512K,direct:16:512K}" --gpu-again "$ROOT/.carry/bin/ferrio" \
   >"$LOGS/fill_shapes.log" 2>&1
 tail -20 "$LOGS/fill_shapes.log" | tee -a "$S"
+rm -f "$F"
+fi
+
+if want afterfill; then
+step read-after-fill
+# Whether the first read of a warm file into the GPU is slower than the next, by how the page
+# cache was filled (benchmarks/read_after_fill.py).
+F=/root/ferrio-after-fill.bin
+timeout "${AFTERFILL_TIMEOUT:-300}" python3 benchmarks/read_after_fill.py "$F" --ferrio "$ROOT/.carry/bin/ferrio" \
+  --size "${AFTERFILL_SIZE:-8GiB}" --rounds "${AFTERFILL_ROUNDS:-2}" >"$LOGS/read_after_fill.log" 2>&1
+tail -12 "$LOGS/read_after_fill.log" | tee -a "$S"
 rm -f "$F"
 fi
 

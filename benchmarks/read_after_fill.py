@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Is the first read of a page-cache-warm file slower than the next ones? (issue 16's warm rows)
+
+`checkpoint_compare.py`'s first warm load after writing the checkpoint reads at ~39 GiB/s where
+every later one reads at 44-46, and `fill_shapes.py`'s reads into the GPU after a Python fill ran
+at 29-37. This fills the page cache with one file in several ways and then reads it into the GPU
+with `ferrio read --gpu 0` three times, each in a new process, recording each rate:
+
+- ``write``: the file written anew by ``ferrio write --cache keep`` and synced (its pages written
+  through the cache, as ``safetensors``' ``save_file`` writes a checkpoint);
+- ``ferrio``: caches dropped, ``ferrio read`` fills them (ferrio's own fill, `cache=auto`);
+- ``dd``: caches dropped, ``dd bs=16M`` reads the file (the kernel's readahead);
+- ``python``: caches dropped, 8 Python threads pread the file in 16 MiB pieces.
+
+Fills alternate round by round. Needs root (drop_caches).
+
+    python3 benchmarks/read_after_fill.py FILE --ferrio FERRIO [--size 8GiB] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+
+FILLS = ["write", "ferrio", "dd", "python"]
+
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+def python_fill(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    piece = 16 << 20
+    counter, lock = [0], threading.Lock()
+
+    def work() -> None:
+        buf = bytearray(piece)
+        while True:
+            with lock:
+                off = counter[0]
+                counter[0] += piece
+            if off >= size:
+                return
+            os.preadv(fd, [memoryview(buf)[: min(piece, size - off)]], off)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    os.close(fd)
+
+
+def fill(how: str, path: str, ferrio: str, size: str) -> None:
+    if how == "write":
+        subprocess.run(
+            [ferrio, "write", "--cache", "keep", path, "--size", size],
+            check=True,
+            capture_output=True,
+        )
+        os.sync()
+    else:
+        drop_caches()
+        if how == "ferrio":
+            subprocess.run([ferrio, "read", path], check=True, capture_output=True)
+        elif how == "dd":
+            subprocess.run(
+                ["dd", f"if={path}", "of=/dev/null", "bs=16M", "status=none"], check=True
+            )
+        else:
+            python_fill(path)
+
+
+def gpu_read(path: str, ferrio: str) -> float:
+    out = subprocess.run(
+        [ferrio, "read", "--gpu", "0", "--json", path], check=True, capture_output=True, text=True
+    ).stdout
+    return float(json.loads(out)["gib_per_s"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("path")
+    ap.add_argument("--ferrio", required=True)
+    ap.add_argument("--size", default="8GiB")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--reads", type=int, default=3)
+    args = ap.parse_args()
+    rates: dict[str, list[list[float]]] = {how: [] for how in FILLS}
+    for r in range(args.rounds):
+        for how in FILLS if r % 2 == 0 else FILLS[::-1]:
+            fill(how, args.path, args.ferrio, args.size)
+            got = [gpu_read(args.path, args.ferrio) for _ in range(args.reads)]
+            rates[how].append(got)
+            print(f"# round {r} {how}: " + ", ".join(f"{g:.2f}" for g in got), flush=True)
+    print("fill     " + "  ".join(f"read {i + 1} (GiB/s)" for i in range(args.reads)))
+    for how, rounds in rates.items():
+        cols = [statistics.median(rr[i] for rr in rounds) for i in range(args.reads)]
+        print(f"{how:8} " + "  ".join(f"{c:15.2f}" for c in cols))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
