@@ -155,7 +155,8 @@ step read-after-fill
 # cache was filled (benchmarks/read_after_fill.py).
 F=/root/ferrio-after-fill.bin
 timeout "${AFTERFILL_TIMEOUT:-300}" python3 benchmarks/read_after_fill.py "$F" --ferrio "$ROOT/.carry/bin/ferrio" \
-  --size "${AFTERFILL_SIZE:-8GiB}" --rounds "${AFTERFILL_ROUNDS:-2}" >"$LOGS/read_after_fill.log" 2>&1
+  --size "${AFTERFILL_SIZE:-8GiB}" --rounds "${AFTERFILL_ROUNDS:-2}" ${AFTERFILL_FILLS:+--fills "$AFTERFILL_FILLS"} \
+  >"$LOGS/read_after_fill.log" 2>&1
 tail -12 "$LOGS/read_after_fill.log" | tee -a "$S"
 rm -f "$F"
 fi

@@ -12,9 +12,12 @@ with `ferrio read --gpu 0` three times, each in a new process, recording each ra
 - ``dd``: caches dropped, ``dd bs=16M`` reads the file (the kernel's readahead);
 - ``python``: caches dropped, 8 Python threads pread the file in 16 MiB pieces.
 
-Fills alternate round by round. Needs root (drop_caches).
+Fills alternate round by round. Each read also records what the kernel's memory compaction did
+meanwhile (``/proc/vmstat``: ``compact_stall``, direct compactions a process waited for, and
+``thp_fault_fallback``, huge pages it asked for and did not get). Needs root (drop_caches).
 
     python3 benchmarks/read_after_fill.py FILE --ferrio FERRIO [--size 8GiB] [--rounds 2]
+        [--fills write,ferrio,dd,python]
 """
 
 from __future__ import annotations
@@ -80,11 +83,22 @@ def fill(how: str, path: str, ferrio: str, size: str) -> None:
             python_fill(path)
 
 
-def gpu_read(path: str, ferrio: str) -> float:
+VMSTAT = ("compact_stall", "thp_fault_fallback")
+
+
+def vmstat() -> dict[str, int]:
+    with open("/proc/vmstat") as f:
+        pairs = (line.split() for line in f)
+        return {k: int(v) for k, v in pairs if k in VMSTAT}
+
+
+def gpu_read(path: str, ferrio: str) -> tuple[float, dict[str, int]]:
+    before = vmstat()
     out = subprocess.run(
         [ferrio, "read", "--gpu", "0", "--json", path], check=True, capture_output=True, text=True
     ).stdout
-    return float(json.loads(out)["gib_per_s"])
+    after = vmstat()
+    return float(json.loads(out)["gib_per_s"]), {k: after[k] - before[k] for k in before}
 
 
 def main() -> None:
@@ -94,14 +108,19 @@ def main() -> None:
     ap.add_argument("--size", default="8GiB")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reads", type=int, default=3)
+    ap.add_argument("--fills", default=",".join(FILLS), help="which fills, in order")
     args = ap.parse_args()
-    rates: dict[str, list[list[float]]] = {how: [] for how in FILLS}
+    fills = args.fills.split(",")
+    if not os.path.exists(args.path):
+        fill("write", args.path, args.ferrio, args.size)
+    rates: dict[str, list[list[float]]] = {how: [] for how in fills}
     for r in range(args.rounds):
-        for how in FILLS if r % 2 == 0 else FILLS[::-1]:
+        for how in fills if r % 2 == 0 else fills[::-1]:
             fill(how, args.path, args.ferrio, args.size)
-            got = [gpu_read(args.path, args.ferrio) for _ in range(args.reads)]
-            rates[how].append(got)
-            print(f"# round {r} {how}: " + ", ".join(f"{g:.2f}" for g in got), flush=True)
+            reads = [gpu_read(args.path, args.ferrio) for _ in range(args.reads)]
+            rates[how].append([rate for rate, _ in reads])
+            seen = ", ".join(f"{rate:.2f} {stats}" for rate, stats in reads)
+            print(f"# round {r} {how}: {seen}", flush=True)
     print("fill     " + "  ".join(f"read {i + 1} (GiB/s)" for i in range(args.reads)))
     for how, rounds in rates.items():
         cols = [statistics.median(rr[i] for rr in rounds) for i in range(args.reads)]
