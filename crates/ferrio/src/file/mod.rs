@@ -727,7 +727,7 @@ impl File {
                 let st = sys::fstat(inner.fd.as_fd()).map_err(|e| e.to_string())?;
                 opened
                     .and_then(|dfd| same_file(dfd, &st))
-                    .map_err(|e| format!("the file system refused O_DIRECT: {e}"))
+                    .map_err(|e| format!("no O_DIRECT descriptor: {e}"))
             })
             .as_ref()
     }
