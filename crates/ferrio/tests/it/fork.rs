@@ -41,6 +41,57 @@ fn wait_with_deadline(
     }
 }
 
+/// Forks; the child runs `child` (a panic is exit code 20) and leaves with `_exit`, never
+/// returning into the test harness. Returns the child's pid, in the parent.
+///
+/// # Safety
+/// No other thread of this process may hold, at the fork, a lock that `child` needs, beyond
+/// those the test is about.
+unsafe fn fork_child(child: impl FnOnce() -> i32) -> libc::pid_t {
+    // SAFETY: the caller's promise; the child leaves below, without returning.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(20);
+        // SAFETY: ends the child at once, running no destructor or exit handler of the parent's.
+        unsafe { libc::_exit(code) };
+    }
+    pid
+}
+
+/// The wait status of the forked child `pid` once it ends; `None` if it still runs after
+/// `limit` (a hang: it is killed and reaped).
+fn reap_within(pid: libc::pid_t, limit: Duration) -> Option<i32> {
+    let t0 = Instant::now();
+    let mut status = 0;
+    loop {
+        // SAFETY: `pid` is our child; `status` is writable.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            return Some(status);
+        }
+        if t0.elapsed() > limit {
+            // SAFETY: `pid` is our child, not yet reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits for the forked child `pid` (see [`reap_within`]) and checks it exited with 0.
+fn assert_child_passed(pid: libc::pid_t, what: &str) {
+    let status = reap_within(pid, DEADLINE)
+        .unwrap_or_else(|| panic!("{what} hung: killed after {DEADLINE:?}"));
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{what} failed: wait status {status:#x} (exit code {})",
+        libc::WEXITSTATUS(status)
+    );
+}
+
 #[test]
 fn a_forked_child_reads_through_its_own_pools() {
     run_inner("it::fork::inner_fork_and_read_in_the_child");
@@ -104,41 +155,14 @@ fn inner_fork_and_read_in_the_child() {
     let want = &bytes[..MIB];
     let pending = file.pread(vec![0u8; 2 * MIB], 0);
 
-    // SAFETY: this process runs one test on one thread; the child only runs ferrio and then
-    // leaves with `_exit`, never returning into the test harness.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
-    if pid == 0 {
-        let child = std::panic::AssertUnwindSafe(|| in_child(&file, &path, want, pending));
-        let code = std::panic::catch_unwind(child).unwrap_or(20);
-        // SAFETY: ends the child at once, running no destructor or exit handler of the parent's.
-        unsafe { libc::_exit(code) };
-    }
-    let t0 = Instant::now();
-    let mut status = 0;
-    loop {
-        // SAFETY: `pid` is our child; `status` is writable.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            break;
-        }
-        if t0.elapsed() > DEADLINE {
-            // SAFETY: `pid` is our child, not yet reaped.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            panic!("the forked child's reads hung: killed after {DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "the forked child failed: wait status {status:#x} (exit code {})",
-        libc::WEXITSTATUS(status)
-    );
+    // The child takes the pending read; the parent keeps its own copy of it.
+    let pending = std::cell::Cell::new(Some(pending));
+    // SAFETY: this process runs one test on one thread, and ferrio's workers hold no lock
+    // the child's reads need.
+    let pid = unsafe { fork_child(|| in_child(&file, &path, want, pending.take().unwrap())) };
+    assert_child_passed(pid, "the forked child's reads");
     // The parent's pool still serves the parent.
-    let (n, got) = pending.into_buffer();
+    let (n, got) = pending.take().expect("the parent's read").into_buffer();
     assert_eq!(n.expect("the read started before the fork"), 2 * MIB);
     assert_eq!(got, bytes);
     assert_eq!(file.read_at(&mut buf, MIB as u64).expect("read after"), MIB);
@@ -204,11 +228,9 @@ fn inner_fork_while_the_direct_descriptor_is_opened() {
     std::thread::sleep(Duration::from_millis(200));
 
     // SAFETY: the other thread of this process sleeps in ferrio, holding no lock but the one
-    // this test is about; the child only runs ferrio and then leaves with `_exit`.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
-    if pid == 0 {
-        let child = std::panic::AssertUnwindSafe(|| {
+    // this test is about.
+    let pid = unsafe {
+        fork_child(|| {
             DIRECT_OPEN_DELAY_MS.store(0, Ordering::SeqCst);
             let mut buf = vec![0u8; bytes.len()];
             match file.read_at(&mut buf, 0) {
@@ -219,34 +241,9 @@ fn inner_fork_while_the_direct_descriptor_is_opened() {
                 return 11;
             }
             0
-        });
-        let code = std::panic::catch_unwind(child).unwrap_or(20);
-        // SAFETY: ends the child at once, running no destructor or exit handler of the parent's.
-        unsafe { libc::_exit(code) };
-    }
-    let t0 = Instant::now();
-    let mut status = 0;
-    loop {
-        // SAFETY: `pid` is our child; `status` is writable.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            break;
-        }
-        if t0.elapsed() > DEADLINE {
-            // SAFETY: `pid` is our child, not yet reaped.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            panic!("the forked child's direct read hung: killed after {DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "the forked child failed: wait status {status:#x} (exit code {})",
-        libc::WEXITSTATUS(status)
-    );
+        })
+    };
+    assert_child_passed(pid, "the forked child's direct read");
     assert_eq!(
         asker.join().expect("the asking thread").is_available(),
         here
@@ -305,37 +302,25 @@ fn inner_fork_while_writing_and_write_in_the_child() {
     let mut hung = 0;
     for round in 0..20 {
         std::thread::sleep(Duration::from_millis(5 + round % 7));
-        // SAFETY: the child only writes through ferrio and leaves with `_exit`, never returning
-        // into the test harness; the parent's other threads are ferrio's and this test's.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
-        if pid == 0 {
-            let ok = file.write_at(b"from the child", 0).is_ok()
-                && log.write_at(b"child's line\n", 0).is_ok();
-            // SAFETY: ends the child at once, running none of the parent's destructors.
-            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
-        }
-        let t0 = Instant::now();
-        let mut status = 0;
-        loop {
-            // SAFETY: `pid` is our child; `status` is writable.
-            if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
-                assert!(
-                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-                    "round {round}: the child's writes failed ({status:#x})"
-                );
-                break;
-            }
-            if t0.elapsed() > Duration::from_secs(2) {
-                // SAFETY: `pid` is our child, not yet reaped.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, &mut status, 0);
+        // SAFETY: the parent's other threads are ferrio's and this test's writers; the locks
+        // they may hold at the fork are what the test is about.
+        let pid = unsafe {
+            fork_child(|| {
+                let ok = file.write_at(b"from the child", 0).is_ok()
+                    && log.write_at(b"child's line\n", 0).is_ok();
+                if ok {
+                    0
+                } else {
+                    1
                 }
-                hung += 1;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
+            })
+        };
+        match reap_within(pid, Duration::from_secs(2)) {
+            Some(status) => assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "round {round}: the child's writes failed ({status:#x})"
+            ),
+            None => hung += 1,
         }
     }
     stop.store(true, Ordering::Relaxed);
