@@ -705,6 +705,14 @@ impl File {
         Some((fd.as_fd(), mem_align as usize, (offset_align as u64).max(1)))
     }
 
+    /// Whether direct I/O may work on this file, asked without opening its direct descriptor:
+    /// not where it is turned off or was refused, or the descriptor could not be opened.
+    fn direct_may_work(&self) -> bool {
+        !self.inner.direct_refused.load(Ordering::Relaxed)
+            && self.inner.direct.is_available()
+            && self.inner.direct_fd.get().is_none_or(|d| d.is_ok())
+    }
+
     /// The file's `O_DIRECT` descriptor, opened on first use: the open file reopened through
     /// `/proc/self/fd` (the same file, whatever its path names by now), or where that fails its
     /// path again, checked to be the same file. `Err` says why there is none.

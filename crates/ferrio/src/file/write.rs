@@ -210,7 +210,7 @@ impl File {
             self.choices.direct_write,
             &self.inner.cache,
             self.inner.local,
-            self.direct().is_some(),
+            self.direct_may_work(),
             end,
         ) {
             return self.measured_writes();
@@ -353,24 +353,24 @@ impl File {
         src: *const u8,
         t: &Task,
     ) -> Result<usize> {
-        let direct = self.direct().filter(|_| {
-            policy::write_direct(
-                self.choices.direct_write,
-                &self.inner.cache,
-                self.measured_writes().as_ref(),
-                self.inner.local,
-                self.fd(),
-                t.offset,
-                t.len,
-            )
-        });
+        // The direct descriptor is opened only for a write that goes direct.
+        let goes_direct = policy::write_direct(
+            self.choices.direct_write,
+            &self.inner.cache,
+            self.measured_writes().as_ref(),
+            self.inner.local,
+            self.fd(),
+            t.offset,
+            t.len,
+        );
+        let direct = if goes_direct { self.direct() } else { None };
         let Some((_, _, align)) = direct else {
             // An `auto` write that could have gone direct: its cost refines the device's verdict.
             let chosen = policy::write_needs_probe(
                 self.choices.direct_write,
                 &self.inner.cache,
                 self.inner.local,
-                self.direct().is_some(),
+                self.direct_may_work(),
                 t.end(),
             );
             // SAFETY: forwarded.

@@ -439,3 +439,37 @@ fn a_direct_descriptor_opened_late_is_of_the_file_opened_even_when_its_path_is_g
     assert_eq!(on_gone, 1 + available);
     assert_eq!(descriptors_on(&p), 0);
 }
+
+#[test]
+fn a_file_written_through_the_page_cache_holds_one_descriptor() {
+    use ferrio::policy::WriteProbe;
+    use ferrio::CacheMode;
+    let dir = disk_dir();
+    let content = data(4 << 20, 16);
+    let here = File::open(make_file(dir.path(), "probe", b"x"), "r")
+        .unwrap()
+        .direct_support()
+        .is_available();
+    // Buffered twice as fast as direct on this "device", and the other way round.
+    let prefers = |buffered: f64| WriteProbe {
+        buffered: buffered * (1u64 << 30) as f64,
+        direct: (1u64 << 30) as f64,
+    };
+    for (name, cache, probe, direct_writes) in [
+        ("keep", CacheMode::Keep, prefers(2.0), false),
+        ("auto-buffered", CacheMode::Auto, prefers(2.0), false),
+        ("auto-direct", CacheMode::Auto, prefers(0.25), true),
+    ] {
+        let p = dir.path().join(name);
+        let f = File::options()
+            .cache(cache)
+            .assume_write_probe(probe)
+            .open(&p, "w")
+            .unwrap();
+        assert_eq!(f.write_at(&content, 0).unwrap(), content.len());
+        let two = direct_writes && here;
+        assert_eq!(descriptors_on(&p), 1 + two as usize, "{name}");
+        drop(f);
+        assert!(std::fs::read(&p).unwrap() == content, "{name}");
+    }
+}
