@@ -353,17 +353,24 @@ impl File {
         src: *const u8,
         t: &Task,
     ) -> Result<usize> {
-        // The direct descriptor is opened only for a write that goes direct.
-        let goes_direct = policy::write_direct(
-            self.choices.direct_write,
-            &self.inner.cache,
-            self.measured_writes().as_ref(),
-            self.inner.local,
-            self.fd(),
-            t.offset,
-            t.len,
-        );
-        let direct = if goes_direct { self.direct() } else { None };
+        // The direct descriptor is opened only for a write that goes direct; where direct I/O
+        // cannot work the range's cache residency is not asked.
+        let goes_direct = || {
+            policy::write_direct(
+                self.choices.direct_write,
+                &self.inner.cache,
+                self.measured_writes().as_ref(),
+                self.inner.local,
+                self.fd(),
+                t.offset,
+                t.len,
+            )
+        };
+        let direct = if self.direct_may_work() && goes_direct() {
+            self.direct()
+        } else {
+            None
+        };
         let Some((_, _, align)) = direct else {
             // An `auto` write that could have gone direct: its cost refines the device's verdict.
             let chosen = policy::write_needs_probe(
