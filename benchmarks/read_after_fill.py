@@ -30,16 +30,13 @@ import subprocess
 import sys
 import threading
 
+from fill_shapes import drop_caches, run_threads, take
+
 FILLS = ["write", "ferrio", "dd", "python"]
 
 
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
-
-
 def python_fill(path: str) -> None:
+    """8 threads take 16 MiB pieces of the file in turn and pread them (readahead on)."""
     fd = os.open(path, os.O_RDONLY)
     size = os.fstat(fd).st_size
     piece = 16 << 20
@@ -47,20 +44,13 @@ def python_fill(path: str) -> None:
 
     def work() -> None:
         buf = bytearray(piece)
-        while True:
-            with lock:
-                off = counter[0]
-                counter[0] += piece
-            if off >= size:
-                return
+        while (off := take(counter, lock, piece, size)) is not None:
             os.preadv(fd, [memoryview(buf)[: min(piece, size - off)]], off)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    os.close(fd)
+    try:
+        run_threads(8, work)
+    finally:
+        os.close(fd)
 
 
 def fill(how: str, path: str, ferrio: str, size: str) -> None:
