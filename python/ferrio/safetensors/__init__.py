@@ -286,7 +286,11 @@ class _Checkpoint:
         """Open every file and read its header, several at once.
 
         A shard's open and header are round trips to a store. Every handle opened is kept for
-        `close`, and the first failure, in file order, is raised once all have finished.
+        `close`, and the first failure, in file order, is raised once all have finished. Local
+        files all open before any header is read: a direct read opens a second descriptor for
+        its file, and where the limit on open files has room for only one each
+        (`_make_room_for`), the files without it then read through the page cache, where
+        opening them afterwards would fail.
         """
         if not files:  # an empty list, or an index that maps no tensor
             return []
@@ -294,8 +298,9 @@ class _Checkpoint:
         if len(files) == 1:
             handle = self.handles[files[0]] = ferrio.open(files[0], "r")
             return [safetensors_read_header(handle)]
+        local = {f: _open_local(f) for f in files if not is_remote_url(f)}
         with ThreadPoolExecutor(min(_HEADER_THREADS, len(files))) as pool:
-            done = list(pool.map(_open_and_read_header, files))
+            done = list(pool.map(lambda f: _open_and_read_header(f, local.get(f)), files))
         headers = []
         for file, (opened, header) in zip(files, done, strict=True):
             if opened is not None:
@@ -356,10 +361,25 @@ def _selected(name: str, tensor_filter: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pat) for pat in tensor_filter)
 
 
-def _open_and_read_header(file: str) -> tuple[ferrio.File | ferrio.RemoteFile | None, Any]:
-    """`(handle, header)`, or `(handle or None, the exception)` when either step failed."""
+def _open_local(file: str) -> ferrio.File | ferrio.RemoteFile | Exception:
+    """Open a local file for reading; return the handle, or the exception that says why not."""
     try:
-        handle = ferrio.open(file, "r")
+        return ferrio.open(file, "r")
+    except Exception as e:
+        return e
+
+
+def _open_and_read_header(
+    file: str, opened: ferrio.File | ferrio.RemoteFile | Exception | None = None
+) -> tuple[ferrio.File | ferrio.RemoteFile | None, Any]:
+    """Open `file` (unless `opened` is its handle or failure already) and read its header.
+
+    Returns `(handle, header)`, or `(handle or None, the exception)` when either step failed.
+    """
+    if isinstance(opened, Exception):
+        return None, opened
+    try:
+        handle = opened if opened is not None else ferrio.open(file, "r")
     except Exception as e:
         return None, e
     try:

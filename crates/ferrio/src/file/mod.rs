@@ -344,15 +344,15 @@ impl File {
             }),
             choices,
         };
-        // A file whose cold reads bypass the cache opens its direct descriptor now: those reads
-        // use it, and where it cannot be had they are read buffered and dropped instead, with
-        // no readahead (it would bring in pages past each task that the drop does not cover; a
-        // failure only leaves readahead on).
-        if !file.inner.cache.keeps() {
-            let direct_ok = file.direct().is_some();
-            if policy::buffered_bypass(choices.direct_read, &file.inner.cache, direct_ok) {
-                let _ = sys::fadvise_random(file.fd());
-            }
+        // A file whose cold reads bypass the cache without direct I/O reads them buffered and
+        // drops them, with no readahead (it would bring in pages past each task that the drop
+        // does not cover; a failure only leaves readahead on). Its direct descriptor opens at
+        // the first read like any other (one descriptor per open file until then: a sharded
+        // checkpoint opens all its files before reading), and turns readahead off where it
+        // cannot be had.
+        if policy::buffered_bypass(choices.direct_read, &file.inner.cache, file.direct_may_work())
+        {
+            let _ = sys::fadvise_random(file.fd());
         }
         Ok(file)
     }
@@ -732,10 +732,19 @@ impl File {
                 let again = PathBuf::from(format!("/proc/self/fd/{}", inner.fd.as_raw_fd()));
                 // `/proc` may be missing or closed to this process (a sandbox): then the path.
                 let opened = open_checked(&again, flags).or_else(|_| open_checked(&inner.path, flags));
-                let st = sys::fstat(inner.fd.as_fd()).map_err(|e| e.to_string())?;
-                opened
-                    .and_then(|dfd| same_file(dfd, &st))
-                    .map_err(|e| format!("no O_DIRECT descriptor: {e}"))
+                let made = sys::fstat(inner.fd.as_fd())
+                    .map_err(|e| e.to_string())
+                    .and_then(|st| {
+                        opened
+                            .and_then(|dfd| same_file(dfd, &st))
+                            .map_err(|e| format!("no O_DIRECT descriptor: {e}"))
+                    });
+                // Without it, cold reads that were to bypass the cache go buffered and are
+                // dropped (`policy::buffered_bypass`): as at open, no readahead for them.
+                if made.is_err() && !inner.cache.keeps() {
+                    let _ = sys::fadvise_random(inner.fd.as_fd());
+                }
+                made
             })
             .as_ref()
     }
