@@ -26,6 +26,7 @@ import time
 
 GIB = 1 << 30
 LOADERS = ["safetensors", "fastsafetensors", "runai", "instanttensor", "ferrio"]
+# Also accepted (not in the default list): "ferrio-window", a research probe (see CHILD).
 
 # The child: argv = loader, device, files...; prints one JSON line.
 CHILD = r"""
@@ -51,6 +52,31 @@ try:
         from ferrio.safetensors.torch import load_file
         def load():
             return load_file(files if len(files) > 1 else files[0], device=device)
+    elif loader == "ferrio-window":
+        # Research only, not a loader: fastsafetensors' request shape with ferrio's engine.
+        # Every file's bytes (header too) into one GPU buffer by 16 threads, each taking the
+        # next 512 KiB of one shared queue and reading it direct (cache=bypass) through the
+        # engine's bounce ring: requests in flight stay within a few MiB of each other.
+        import itertools, threading, ferrio
+        PIECE, THREADS = 512 << 10, 16
+        def load():
+            out = {}
+            for i, path in enumerate(files):
+                f = ferrio.open(path, cache="bypass")
+                size = f.size
+                buf = torch.empty(size, dtype=torch.uint8, device=device)
+                offsets = itertools.count(0, PIECE)
+                def work():
+                    while (at := next(offsets)) < size:
+                        f.pread(buf[at:at + PIECE], offset=at).result()
+                threads = [threading.Thread(target=work) for _ in range(THREADS)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                f.close()
+                out[str(i)] = buf
+            return out
     elif loader == "fastsafetensors":
         from fastsafetensors import fastsafe_open
         def load():
