@@ -384,8 +384,13 @@ def main() -> None:
                         # its start (Python's and torch's libraries, read from the disk again).
                         res.setdefault("disk", disk_shape(before, disk_counters(files[0])))
                     loads = [(f"{ckpt} | {mode} | {loader}", res)]
-                    # (Not under cache=bypass, which leaves nothing cached: its row is known.)
-                    keeps = loader.startswith("ferrio") and "CACHE=BYPASS" not in loader.upper()
+                    # (Not under cache=bypass, which leaves nothing cached: its row is known;
+                    # nor the window probe, which bypasses it.)
+                    keeps = (
+                        loader.startswith("ferrio")
+                        and loader != "ferrio-window"
+                        and "CACHE=BYPASS" not in loader.upper()
+                    )
                     if mode == "cold" and args.reread and keeps:
                         # What the cold load left in the page cache, read by a new process.
                         loads.append((f"{ckpt} | cold, read again | {loader}",
