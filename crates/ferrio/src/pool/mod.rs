@@ -285,6 +285,8 @@ pub struct DevicePool {
     queue: Mutex<VecDeque<Arc<Job>>>,
     ready: Condvar,
     started: AtomicUsize,
+    /// Workers running a task now: with the tasks queued, the work there is for threads.
+    running: AtomicUsize,
     counters: Counters,
     /// The process whose pool this is, and where its threads are counted.
     process: &'static Process,
@@ -319,6 +321,7 @@ impl DevicePool {
             queue: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
             started: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
             counters: Counters::default(),
             process: registry::process(),
             write_probe: OnceLock::new(),
@@ -422,9 +425,12 @@ impl DevicePool {
             return;
         }
         let job = Arc::new(Job::new(request, 0));
-        self.counters.queued.fetch_add(n as u64, Ordering::Relaxed);
+        let queued = self.counters.queued.fetch_add(n as u64, Ordering::Relaxed) as usize + n;
         self.lock().push_back(job);
-        self.grow(n, thread_cap);
+        // Threads for every task queued or running, not only this request's: single-task
+        // requests from several callers at once (16 threads each reading its own 512 KiB into
+        // GPU memory) ran one after another on the pool's first thread.
+        self.grow(queued + self.running.load(Ordering::Acquire), thread_cap);
         if n == 1 {
             self.ready.notify_one();
         } else {
@@ -432,10 +438,11 @@ impl DevicePool {
         }
     }
 
-    /// Starts threads up to this pool's size while there is queued work for them, within the
-    /// global cap (a pool always gets its first thread, so no device is left without one).
-    fn grow(self: &Arc<Self>, queued_tasks: usize, thread_cap: usize) {
-        let want = queued_tasks.min(self.max_threads.load(Ordering::Relaxed));
+    /// Starts threads up to this pool's size while there is work for them (`tasks` queued or
+    /// running), within the global cap (a pool always gets its first thread, so no device is
+    /// left without one).
+    fn grow(self: &Arc<Self>, tasks: usize, thread_cap: usize) {
+        let want = tasks.min(self.max_threads.load(Ordering::Relaxed));
         loop {
             let have = self.started.load(Ordering::Acquire);
             if have >= want {
@@ -518,6 +525,9 @@ impl DevicePool {
                     }
                 }
             };
+            // Counted running before no longer queued, so a caller in between sees it once at
+            // least.
+            self.running.fetch_add(1, Ordering::AcqRel);
             self.counters
                 .queued
                 .fetch_sub(claimed.len() as u64, Ordering::Relaxed);
@@ -535,6 +545,7 @@ impl DevicePool {
             for index in claimed {
                 self.run_task(&mut worker, &job, index);
             }
+            self.running.fetch_sub(1, Ordering::AcqRel);
             if capped {
                 job.active.fetch_sub(1, Ordering::AcqRel);
                 // Another worker may be waiting for this job to drop below its cap.
@@ -805,6 +816,66 @@ mod tests {
         );
         let s = pool.stats();
         assert_eq!(s.queued, 0, "cancelled tasks left the queue");
+    }
+
+    /// A task function that counts itself in `arrived` and succeeds once `all` tasks have
+    /// arrived, or fails after 10 s: it passes only where that many tasks run at once.
+    fn meets(arrived: &Arc<AtomicUsize>, all: usize) -> Box<TaskFn> {
+        let arrived = Arc::clone(arrived);
+        Box::new(move |_, _| {
+            arrived.fetch_add(1, Ordering::SeqCst);
+            let t0 = Instant::now();
+            while arrived.load(Ordering::SeqCst) < all {
+                if t0.elapsed() > Duration::from_secs(10) {
+                    return Err(crate::Error::InvalidArgument(format!(
+                        "{} of {all} tasks ran at once",
+                        arrived.load(Ordering::SeqCst)
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(1)
+        })
+    }
+
+    #[test]
+    fn single_task_requests_from_several_callers_run_at_once() {
+        // Four callers, one task each: the pool grew by each request's own task count (one),
+        // so all four waited for its first thread in turn.
+        let pool = DevicePool::new("test-single-tasks".into(), 4);
+        let arrived = Arc::new(AtomicUsize::new(0));
+        let futs: Vec<_> = (0..4)
+            .map(|_| {
+                let c = Completion::new(0, 1, 1);
+                pool.submit(req(tasks(1), Arc::clone(&c), meets(&arrived, 4)), usize::MAX);
+                IoFuture::new(c, ())
+            })
+            .collect();
+        assert_eq!(wait_all(futs).unwrap(), 4);
+        assert_eq!(pool.stats().threads, 4);
+        // One more while the four threads are idle again: no fifth thread (the pool's size).
+        let c = Completion::new(0, 1, 1);
+        pool.submit(req(tasks(1), Arc::clone(&c), sleepy(1)), usize::MAX);
+        assert_eq!(IoFuture::new(c, ()).wait().unwrap(), 1);
+        assert_eq!(pool.stats().threads, 4);
+    }
+
+    #[test]
+    fn a_request_queued_behind_a_running_task_gets_a_thread_of_its_own() {
+        let pool = DevicePool::new("test-behind-running".into(), 2);
+        let arrived = Arc::new(AtomicUsize::new(0));
+        let first = Completion::new(0, 1, 1);
+        pool.submit(req(tasks(1), Arc::clone(&first), meets(&arrived, 2)), usize::MAX);
+        // Wait until the first task runs (nothing queued then), then queue the second.
+        while arrived.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let second = Completion::new(0, 1, 1);
+        pool.submit(req(tasks(1), Arc::clone(&second), meets(&arrived, 2)), usize::MAX);
+        assert_eq!(
+            wait_all(vec![IoFuture::new(first, ()), IoFuture::new(second, ())]).unwrap(),
+            2
+        );
     }
 
     #[test]
