@@ -4,7 +4,7 @@
 # benchmark against KvikIO, and the multi-drive run into GPU memory. Every log is packed into
 # $OUT/gpu-logs.tgz at exit, whatever happens (the machine returns at most 8 files).
 #   bash benchmarks/gpu_all.sh [STEP...]
-#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint fillshapes afterfill blocks window parts policy cligpu ringsetup pcreg firstcall save remote multigpu
+#   steps: tests (= rusttests pytests) memory contention sweep compare checkpoint fillshapes afterfill callers blocks window parts policy cligpu ringsetup pcreg firstcall save remote multigpu
 #          multickpt multidrive
 #   (default: tests memory compare multidrive)
 set -uo pipefail
@@ -158,6 +158,23 @@ timeout "${AFTERFILL_TIMEOUT:-300}" python3 benchmarks/read_after_fill.py "$F" -
   --size "${AFTERFILL_SIZE:-8GiB}" --rounds "${AFTERFILL_ROUNDS:-2}" ${AFTERFILL_FILLS:+--fills "$AFTERFILL_FILLS"} \
   >"$LOGS/read_after_fill.log" 2>&1
 tail -12 "$LOGS/read_after_fill.log" | tee -a "$S"
+rm -f "$F"
+fi
+
+if want callers; then
+step many-callers
+# Many callers, one 512 KiB read each, into GPU memory: 16 threads taking pieces of one file
+# from a shared counter (benchmarks/many_callers.py), warm then cold; ferrio against KvikIO and,
+# where carried, the build in /tmp/old.
+F=/root/ferrio-callers.bin
+"$ROOT/.carry/bin/ferrio" write "$F" --size "${CALLERS_SIZE:-4GiB}" >>"$S" 2>&1
+C=${CALLERS_CLIENTS:-ferrio,kvikio,kvikio@NTHREADS=16$( [ -d /tmp/old/ferrio ] && echo ",ferrio@/tmp/old")}
+for cold in "" --cold; do
+  ( cd benchmarks && timeout "${CALLERS_TIMEOUT:-150}" python3 many_callers.py "$F" --gpu $cold \
+    --threads "${CALLERS_THREADS:-16}" --piece "${CALLERS_PIECE:-512KiB}" --rounds "${CALLERS_ROUNDS:-3}" \
+    --clients "$C" ) >>"$LOGS/many_callers.log" 2>&1
+done
+grep -v "^#" "$LOGS/many_callers.log" | tee -a "$S"
 rm -f "$F"
 fi
 
