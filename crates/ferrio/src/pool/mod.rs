@@ -5,8 +5,9 @@
 //! A pool runs *jobs*. A job is one request split into tasks. Workers take tasks round-robin
 //! across the jobs queued on their pool: after a worker claims a task of the job at the front,
 //! the job goes to the back. So a huge read cannot starve a small one behind it; each gets a
-//! share of the pool's threads. Threads start lazily when work arrives and live for the rest of
-//! the process. The pool knows nothing of files: a job carries a closure that runs one task.
+//! share of the pool's threads. Threads start lazily when work arrives (one for every task
+//! queued or running, up to the pool's size) and live for the rest of the process. The pool
+//! knows nothing of files: a job carries a closure that runs one task.
 //!
 //! A task may return with work still running on its worker (a bounce ring's last copies to the
 //! GPU): it says so with `Worker::leave_running`, and its outcome is held back until the worker
