@@ -298,8 +298,9 @@ class _Checkpoint:
         if len(files) == 1:
             handle = self.handles[files[0]] = ferrio.open(files[0], "r")
             return [safetensors_read_header(handle)]
-        local = {f: _open_local(f) for f in files if not is_remote_url(f)}
         with ThreadPoolExecutor(min(_HEADER_THREADS, len(files))) as pool:
+            local_files = [f for f in files if not is_remote_url(f)]
+            local = dict(zip(local_files, pool.map(_open_local, local_files), strict=True))
             done = list(pool.map(lambda f: _open_and_read_header(f, local.get(f)), files))
         headers = []
         for file, (opened, header) in zip(files, done, strict=True):
