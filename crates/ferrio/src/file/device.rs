@@ -48,29 +48,8 @@ impl File {
             Direction::Read => None,
         };
         let offset = append.as_ref().map_or(offset, |a| a.offset);
-        // A task spans the ring at least, so that inside it the read of one buffer overlaps the
-        // copy of the one before, and several rings where the transfer is large enough.
-        let ring_bytes =
-            self.inner.settings.bounce_buffer_bytes() * self.inner.settings.bounce_buffers as u64;
         self.check_range(offset, len)?;
-        let min_task = self.choices.task_size.max(ring_bytes);
-        // A cold read that fills the page cache goes in a few large sequential tasks (see
-        // `policy::fill_shape`); each still runs through its worker's ring.
-        let fill = match direction {
-            Direction::Read => self.fill_shape(offset, len),
-            Direction::Write => None,
-        };
-        let tasks = match fill {
-            Some(shape) => plan::split(offset, len, shape.task_bytes, self.plan_align()),
-            None => plan::split_guided(
-                offset,
-                len,
-                min_task,
-                plan::MAX_DEVICE_TASK.max(min_task),
-                2 * self.pool().width() as u64,
-                self.plan_align(),
-            ),
-        };
+        let (tasks, fill) = self.device_plan(offset, len, direction);
         let ticket = if direction == Direction::Write {
             Some(self.prepare_write(offset, len, tasks.len())?)
         } else {
@@ -161,6 +140,48 @@ impl File {
     }
 }
 
+impl File {
+    /// The tasks of a transfer between `[offset, offset+len)` of the file and device memory,
+    /// and the fill's shape where it is a cold read that fills the page cache.
+    ///
+    /// A cold read that fills the page cache goes in a few large sequential tasks (see
+    /// `policy::fill_shape`). A read whose cold ranges go direct goes in tasks of `task_size`
+    /// taken in file order, as a host read does: the requests in flight stay within a few tasks
+    /// of each other, the shape fastsafetensors' reads reach a disk in (benchmarks/RESULTS.md,
+    /// Checkpoints, session 31), and `task_size` sets their size. Anything else goes in guided
+    /// tasks of a bounce ring at least, so that inside a task the read of one buffer overlaps
+    /// the copy of the one before, and of several rings where the transfer is large enough.
+    /// Every task runs through its worker's ring, which keeps running across its tasks.
+    fn device_plan(
+        &self,
+        offset: u64,
+        len: usize,
+        direction: Direction,
+    ) -> (Vec<Task>, Option<crate::policy::FillShape>) {
+        let align = self.plan_align();
+        if direction == Direction::Read {
+            if let Some(shape) = self.fill_shape(offset, len) {
+                return (plan::split(offset, len, shape.task_bytes, align), Some(shape));
+            }
+            if self.reads_go_direct_when_cold() {
+                return (plan::split(offset, len, self.choices.task_size, align), None);
+            }
+        }
+        let settings = &self.inner.settings;
+        let ring_bytes = settings.bounce_buffer_bytes() * settings.bounce_buffers as u64;
+        let min_task = self.choices.task_size.max(ring_bytes);
+        let tasks = plan::split_guided(
+            offset,
+            len,
+            min_task,
+            plan::MAX_DEVICE_TASK.max(min_task),
+            2 * self.pool().width() as u64,
+            align,
+        );
+        (tasks, None)
+    }
+}
+
 /// The key under which a device read's tasks leave copies on the worker's ring for `context`
 /// ([`Worker::leave_running`]): the context and the ring's shape. A read whose settings give
 /// the ring another buffer size or depth replaces the ring (its copies then finish in the old
@@ -170,4 +191,78 @@ fn ring_key(context: Context, settings: &Settings) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (context.id(), settings.bounce_buffer_bytes(), settings.bounce_buffers).hash(&mut h);
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CacheMode, DirectMode};
+
+    /// A 64 MiB file in the system's temporary directory (a disk file system where it is one).
+    fn file_of_64_mib() -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir_in("/var/tmp")
+            .or_else(|_| tempfile::tempdir())
+            .unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 64 << 20]).unwrap();
+        (dir, path)
+    }
+
+    fn in_order_of(tasks: &[Task], size: u64) -> bool {
+        tasks.windows(2).all(|w| w[0].offset + w[0].len as u64 == w[1].offset)
+            && tasks[..tasks.len() - 1].iter().all(|t| t.len as u64 == size)
+    }
+
+    #[test]
+    fn a_read_that_goes_direct_is_planned_in_tasks_of_task_size_in_file_order() {
+        let (_dir, path) = file_of_64_mib();
+        let bypassed = File::options()
+            .cache(CacheMode::Bypass)
+            .task_size(512 << 10)
+            .open(&path, "r")
+            .unwrap();
+        if !bypassed.direct_may_work() {
+            eprintln!("skipped: no O_DIRECT in the temporary directory");
+            return;
+        }
+        let (tasks, fill) = bypassed.device_plan(0, 64 << 20, Direction::Read);
+        assert!(fill.is_none());
+        assert_eq!(tasks.len(), 128, "512 KiB tasks, not one ring's worth or more");
+        assert!(in_order_of(&tasks, 512 << 10));
+        // Without direct reads (`direct_read=off`) the same file reads through the page cache
+        // and drops it: guided tasks of one ring at least, as before.
+        let buffered = File::options()
+            .cache(CacheMode::Bypass)
+            .direct_read(DirectMode::Off)
+            .task_size(512 << 10)
+            .open(&path, "r")
+            .unwrap();
+        let (tasks, fill) = buffered.device_plan(0, 64 << 20, Direction::Read);
+        assert!(fill.is_none());
+        assert!(tasks[0].len > 512 << 10, "{:?}", &tasks[..2]);
+        // Writes are never planned in the read's order.
+        let (tasks, _) = File::options()
+            .cache(CacheMode::Bypass)
+            .task_size(512 << 10)
+            .open(&path, "r+")
+            .unwrap()
+            .device_plan(0, 64 << 20, Direction::Write);
+        assert!(tasks[0].len > 512 << 10, "{:?}", &tasks[..2]);
+    }
+
+    #[test]
+    fn a_kept_file_reads_warm_ranges_in_guided_tasks_and_fills_cold_ones() {
+        let (_dir, path) = file_of_64_mib();
+        let kept = File::options()
+            .cache(CacheMode::Keep)
+            .open(&path, "r")
+            .unwrap();
+        // Just written: in the page cache.
+        let (tasks, fill) = kept.device_plan(0, 64 << 20, Direction::Read);
+        assert!(fill.is_none());
+        assert!(tasks[0].len as u64 > kept.task_size(), "{:?}", &tasks[..2]);
+        crate::pagecache::drop_file(&path).unwrap();
+        let (_, fill) = kept.device_plan(0, 64 << 20, Direction::Read);
+        assert!(fill.is_some(), "a cold kept read fills the page cache");
+    }
 }

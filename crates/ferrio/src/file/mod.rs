@@ -713,6 +713,13 @@ impl File {
             && self.inner.direct_fd.get().is_none_or(|d| d.is_ok())
     }
 
+    /// Whether this file's cold ranges are read with `O_DIRECT` (its cache policy and
+    /// `direct_read` let them, and direct I/O may work), asked without opening the descriptor.
+    fn reads_go_direct_when_cold(&self) -> bool {
+        policy::reads_may_go_direct(self.choices.direct_read, &self.inner.cache)
+            && self.direct_may_work()
+    }
+
     /// The file's `O_DIRECT` descriptor, opened on first use: the open file reopened through
     /// `/proc/self/fd` (the same file, whatever its path names by now), or where that fails its
     /// path again, checked to be the same file. `Err` says why there is none.
