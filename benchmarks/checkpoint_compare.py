@@ -66,15 +66,21 @@ try:
                 size = f.size
                 buf = torch.empty(size, dtype=torch.uint8, device=device)
                 offsets = itertools.count(0, PIECE)
+                errors = []
                 def work():
-                    while (at := next(offsets)) < size:
-                        f.pread(buf[at:at + PIECE], offset=at).result()
+                    try:
+                        while (at := next(offsets)) < size:
+                            f.pread(buf[at:at + PIECE], offset=at).result()
+                    except BaseException as e:  # raised below: a failed read fails the load
+                        errors.append(e)
                 threads = [threading.Thread(target=work) for _ in range(THREADS)]
                 for t in threads:
                     t.start()
                 for t in threads:
                     t.join()
                 f.close()
+                if errors:
+                    raise errors[0]
                 out[str(i)] = buf
             return out
     elif loader == "fastsafetensors":
