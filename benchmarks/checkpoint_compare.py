@@ -171,6 +171,10 @@ def make_checkpoints(root: str, which: str = "both") -> dict[str, list[str]]:
     os.makedirs(os.path.dirname(shards[0]), exist_ok=True)
     save_file(tensors, single)
     if which == "single":
+        # Written back before any load is timed: the first warm load after writing read at
+        # 39-41 GiB/s against 44-46 for the next ones while the new pages were still being
+        # written back (RESULTS.md, Checkpoints, sessions 30-31; a synced write showed no loss).
+        os.sync()
         return wanted
     names = sorted(tensors)
     weight_map = {}
@@ -180,6 +184,7 @@ def make_checkpoints(root: str, which: str = "both") -> dict[str, list[str]]:
         weight_map.update({n: os.path.basename(path) for n in part})
     with open(os.path.join(os.path.dirname(shards[0]), "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    os.sync()  # see above
     return wanted
 
 
