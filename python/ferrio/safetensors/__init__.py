@@ -300,7 +300,7 @@ class _Checkpoint:
             return [safetensors_read_header(handle)]
         with ThreadPoolExecutor(min(_HEADER_THREADS, len(files))) as pool:
             local_files = [f for f in files if not is_remote_url(f)]
-            local = dict(zip(local_files, pool.map(_open_local, local_files), strict=True))
+            local = dict(zip(local_files, pool.map(_open_for_reading, local_files), strict=True))
             done = list(pool.map(lambda f: _open_and_read_header(f, local.get(f)), files))
         headers = []
         for file, (opened, header) in zip(files, done, strict=True):
@@ -362,8 +362,8 @@ def _selected(name: str, tensor_filter: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pat) for pat in tensor_filter)
 
 
-def _open_local(file: str) -> ferrio.File | ferrio.RemoteFile | Exception:
-    """Open a local file for reading; return the handle, or the exception that says why not."""
+def _open_for_reading(file: str) -> ferrio.File | ferrio.RemoteFile | Exception:
+    """Open a file or URL for reading; return the handle, or the exception that says why not."""
     try:
         return ferrio.open(file, "r")
     except Exception as e:
@@ -377,12 +377,9 @@ def _open_and_read_header(
 
     Returns `(handle, header)`, or `(handle or None, the exception)` when either step failed.
     """
-    if isinstance(opened, Exception):
-        return None, opened
-    try:
-        handle = opened if opened is not None else ferrio.open(file, "r")
-    except Exception as e:
-        return None, e
+    handle = opened if opened is not None else _open_for_reading(file)
+    if isinstance(handle, Exception):
+        return None, handle
     try:
         return handle, safetensors_read_header(handle)
     except Exception as e:
