@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 from checkpoint_compare import drop_caches
+from numpy_compare import parse_size
 
 GIB = 1 << 30
 
@@ -87,14 +88,6 @@ print(json.dumps({"seconds": seconds}))
 """
 
 
-def parse_size(text: str) -> int:
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-    for unit, mult in units.items():
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * mult)
-    return int(text)
-
-
 def run(client: str, path: str, threads: int, piece: int, gpu: bool) -> float | None:
     env = dict(os.environ)
     name = client
@@ -119,13 +112,13 @@ def main() -> None:
     )
     ap.add_argument("file")
     ap.add_argument("--threads", type=int, default=16)
-    ap.add_argument("--piece", default="512KiB")
+    ap.add_argument("--piece", type=parse_size, default="512KiB")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", default="ferrio,python")
     ap.add_argument("--cold", action="store_true", help="drop the page cache before each run")
     ap.add_argument("--gpu", action="store_true", help="into GPU memory (CuPy)")
     args = ap.parse_args()
-    piece = parse_size(args.piece)
+    piece = args.piece
     size = os.path.getsize(args.file)
     clients = args.clients.split(",")
     rates: dict[str, list[float]] = {c: [] for c in clients}
@@ -144,7 +137,7 @@ def main() -> None:
                 print(f"# round {r} {client}: {rates[client][-1]:.2f} GiB/s", flush=True)
     where = "GPU" if args.gpu else "host"
     cache = "cold" if args.cold else "warm"
-    print(f"{size / GIB:.2f} GiB, {args.threads} threads x {args.piece} preads into {where} "
+    print(f"{size / GIB:.2f} GiB, {args.threads} threads x {piece >> 10} KiB preads into {where} "
           f"memory, {cache}, medians of {args.rounds}:")  # fmt: skip
     for client, got in rates.items():
         if got:
