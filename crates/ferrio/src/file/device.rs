@@ -138,9 +138,7 @@ impl File {
         }
         Ok(completion)
     }
-}
 
-impl File {
     /// The tasks of a transfer between `[offset, offset+len)` of the file and device memory,
     /// and the fill's shape where it is a cold read that fills the page cache.
     ///
