@@ -278,6 +278,22 @@ def disk_counters(path: str) -> list[int] | None:
     return None
 
 
+def pages_activated() -> int | None:
+    """/proc/vmstat's `pgactivate`: pages the kernel has moved to its active list so far. A
+    warm load is the second access to pages read once since they were written (by `dd` just
+    before it), and moves every page of the checkpoint, one by one for small folios (RESULTS.md,
+    Checkpoints, session 32)."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                name, value = line.split()
+                if name == "pgactivate":
+                    return int(value)
+    except OSError:
+        pass
+    return None
+
+
 def disk_shape(before: list[int] | None, after: list[int] | None) -> dict:
     """What the disk saw between two disk_counters(): the mean request size and the mean number
     of requests in flight while it was busy (so a loader's I/O shape can be told from its
@@ -386,6 +402,7 @@ def main() -> None:
                     else:
                         drop_caches()
                     before = disk_counters(files[0])
+                    activated = pages_activated()
                     if loader in FIO_SHAPES:
                         res = run_fio(args.fio, loader, files)
                     else:
@@ -394,6 +411,8 @@ def main() -> None:
                         # A loader's own counters cover its load alone; the process's also
                         # its start (Python's and torch's libraries, read from the disk again).
                         res.setdefault("disk", disk_shape(before, disk_counters(files[0])))
+                    elif activated is not None and (now := pages_activated()) is not None:
+                        res["pages_activated"] = now - activated
                     loads = [(f"{ckpt} | {mode} | {loader}", res)]
                     # (Not under cache=bypass, which leaves nothing cached: its row is known;
                     # nor the window probe, which bypasses it.)
