@@ -423,8 +423,11 @@ def main() -> None:
                     )
                     if mode == "cold" and args.reread and keeps:
                         # What the cold load left in the page cache, read by a new process.
-                        loads.append((f"{ckpt} | cold, read again | {loader}",
-                                      run_child(loader, args.device, files)))  # fmt: skip
+                        activated = pages_activated()
+                        again = run_child(loader, args.device, files)
+                        if activated is not None and (now := pages_activated()) is not None:
+                            again["pages_activated"] = now - activated
+                        loads.append((f"{ckpt} | cold, read again | {loader}", again))
                     for key, res in loads:
                         entry = results.setdefault(key, {"runs": [], "file_bytes": total})
                         entry["runs"].append(res)
