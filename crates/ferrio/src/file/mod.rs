@@ -5,6 +5,7 @@
 //! (GPU memory); `mode.rs` parses open modes. Syscalls go through [`crate::sys`] only.
 
 mod device;
+mod forked;
 mod mode;
 mod read;
 mod write;
@@ -26,6 +27,7 @@ use crate::plan::{self, Task};
 use crate::policy::{self, CacheDecision};
 use crate::pool::{self, Completion, DevicePool, Direction, IoFuture, Request};
 use crate::sys;
+use forked::PerProcess;
 
 /// Per-file choices, taken from the settings in force at open and overridable per file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,9 +172,9 @@ struct Inner {
     shrinking: AtomicBool,
     /// Where appends go, for modes `a` and `a+`, in the process that opened the file.
     appends: Mutex<Appends>,
-    /// The same in a process forked from it (see [`File::appends`]): the parent's may have been
-    /// held, at the fork, by a thread the child does not have.
-    forked_appends: OnceLock<Mutex<Appends>>,
+    /// The same in each process forked from it (see [`File::appends`]): the parent's may have
+    /// been held, at the fork, by a thread the child does not have.
+    forked_appends: PerProcess<Mutex<Appends>>,
     /// Held by a buffered write to a local file while it runs (`File::pwrite_buffered`), in the
     /// process that opened the file only: a forked child may have inherited it held by a parent
     /// thread that the child does not have, so there its writes do not take turns.
@@ -203,19 +205,19 @@ struct Inner {
 pub static DIRECT_OPEN_DELAY_MS: AtomicU64 = AtomicU64::new(0);
 
 /// A part of an open file made at its first use, once per process: a process forked from the
-/// one that opened the file uses the opener's if it was made before the fork, else makes its
-/// own (the opener's may have been half made, at the fork, by a thread the child does not
-/// have: waiting for it would block forever). A child of that child shares the child's.
+/// one that opened the file (or from one of its forked children) uses the value made before the
+/// fork where there is one, else makes its own (a value half made at the fork, by a thread the
+/// new process does not have, would never be finished: waiting for it would block forever).
 struct MadeOnce<T> {
     opener: OnceLock<T>,
-    forked: OnceLock<T>,
+    forked: PerProcess<T>,
 }
 
 impl<T> Default for MadeOnce<T> {
     fn default() -> Self {
         MadeOnce {
             opener: OnceLock::new(),
-            forked: OnceLock::new(),
+            forked: PerProcess::default(),
         }
     }
 }
@@ -227,16 +229,19 @@ impl<T> MadeOnce<T> {
         if let Some(made) = self.opener.get() {
             return made;
         }
-        if opened_by == sys::process_id() {
-            self.opener.get_or_init(make)
-        } else {
-            self.forked.get_or_init(make)
+        let here = sys::process_id();
+        if opened_by == here {
+            return self.opener.get_or_init(make);
+        }
+        match self.forked.any_made() {
+            Some(made) => made,
+            None => self.forked.get_or_init(here, make),
         }
     }
 
     /// The value, if this process has made it (or inherited it made).
     fn get(&self) -> Option<&T> {
-        self.opener.get().or_else(|| self.forked.get())
+        self.opener.get().or_else(|| self.forked.any_made())
     }
 }
 
@@ -331,7 +336,7 @@ impl File {
                 writes_running: AtomicUsize::new(0),
                 shrinking: AtomicBool::new(false),
                 appends: Mutex::new(Appends::default()),
-                forked_appends: OnceLock::new(),
+                forked_appends: PerProcess::default(),
                 buffered_write: Mutex::new(()),
                 opened_by: sys::process_id(),
                 opened_pool: pool,

@@ -159,14 +159,14 @@ impl File {
         Some(AppendSlot { appends, offset })
     }
 
-    /// This handle's appends in this process: a forked child starts from a state of its own
-    /// (the parent's appends still running are not the child's to wait for). A child of that
-    /// child shares it.
+    /// This handle's appends in this process: each forked process starts from a state of its
+    /// own (the parent's appends still running are not the child's to wait for, and the
+    /// parent's lock may have been held at the fork by a thread the child does not have).
     fn appends(&self) -> &std::sync::Mutex<Appends> {
         if self.inner.opened_by == sys::process_id() {
             &self.inner.appends
         } else {
-            self.inner.forked_appends.get_or_init(Default::default)
+            self.inner.forked_appends.get_or_init(sys::process_id(), Default::default)
         }
     }
 

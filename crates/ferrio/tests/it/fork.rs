@@ -330,3 +330,159 @@ fn inner_fork_while_writing_and_write_in_the_child() {
     assert_eq!(hung, 0, "{hung} of 20 forked children hung in a write");
     std::fs::write(passed, b"").expect("say the checks passed");
 }
+
+#[test]
+fn a_grandchild_opens_its_own_direct_descriptor_if_its_parents_was_half_opened() {
+    run_inner("it::fork::inner_grandchild_while_the_childs_direct_descriptor_is_opened");
+}
+
+/// The opener never makes the file's `O_DIRECT` descriptor; its forked child starts making its
+/// own on a thread (held there for a second by the testing hook) and forks again meanwhile: the
+/// grandchild's direct read must not wait for a thread it does not have.
+#[test]
+#[ignore = "run by a_grandchild_opens_its_own_direct_descriptor_if_its_parents_was_half_opened"]
+fn inner_grandchild_while_the_childs_direct_descriptor_is_opened() {
+    use ferrio::file::DIRECT_OPEN_DELAY_MS;
+    use std::sync::atomic::Ordering;
+
+    let Some(passed) = std::env::var_os(INNER) else {
+        return;
+    };
+    let dir = disk_dir();
+    let bytes = data(2 * MIB, 16);
+    let path = make_file(dir.path(), "late.bin", &bytes);
+    let file = ferrio::File::options()
+        .cache(ferrio::CacheMode::Keep)
+        .direct_read(ferrio::DirectMode::On)
+        .open(&path, "r")
+        .expect("open");
+    let here = ferrio::File::open(&path, "r")
+        .expect("open")
+        .direct_support()
+        .is_available();
+
+    let in_grandchild = || {
+        DIRECT_OPEN_DELAY_MS.store(0, Ordering::SeqCst);
+        let mut buf = vec![0u8; bytes.len()];
+        match file.read_at(&mut buf, 0) {
+            Ok(n) if n == bytes.len() && buf == bytes => {}
+            _ => return 10,
+        }
+        if file.direct_support().is_available() != here {
+            return 11;
+        }
+        0
+    };
+    let in_child = || {
+        DIRECT_OPEN_DELAY_MS.store(1000, Ordering::SeqCst);
+        let asking = file.clone();
+        let asker = std::thread::spawn(move || asking.direct_support().is_available());
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: the child's other thread sleeps in ferrio, holding no lock but the one this
+        // test is about.
+        let grandchild = unsafe { fork_child(in_grandchild) };
+        let code = match reap_within(grandchild, Duration::from_secs(10)) {
+            None => 30, // the grandchild hung
+            Some(status) if libc::WIFEXITED(status) => libc::WEXITSTATUS(status),
+            Some(_) => 31,
+        };
+        if code != 0 {
+            return code;
+        }
+        if asker.join().ok() != Some(here) {
+            return 32;
+        }
+        0
+    };
+    // SAFETY: this process runs one test on one thread; ferrio's workers hold no lock the
+    // child needs.
+    let pid = unsafe { fork_child(in_child) };
+    assert_child_passed(
+        pid,
+        "the child and its grandchild's direct read (30: it hung)",
+    );
+    std::fs::write(passed, b"").expect("say the checks passed");
+}
+
+#[test]
+fn a_grandchild_writes_while_its_parent_was_writing_at_the_fork() {
+    run_inner("it::fork::inner_grandchild_while_the_child_writes");
+}
+
+/// As `inner_fork_while_writing_and_write_in_the_child`, one generation down: a forked child
+/// writes and appends through the opener's handles from two threads without pause and forks
+/// again and again; each grandchild writes and appends through the same handles and must end
+/// within 2 s: a lock the child's threads held at the fork must not stop it.
+#[test]
+#[ignore = "run by a_grandchild_writes_while_its_parent_was_writing_at_the_fork"]
+fn inner_grandchild_while_the_child_writes() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let Some(passed) = std::env::var_os(INNER) else {
+        return;
+    };
+    let dir = disk_dir();
+    let s = super::common::settings(ferrio::DirectMode::Off, false, MIB as u64);
+    let file = ferrio::File::options()
+        .settings(s.clone())
+        .open(dir.path().join("w.bin"), "w+")
+        .expect("open");
+    let log = ferrio::File::options()
+        .settings(s)
+        .open(dir.path().join("log.bin"), "a")
+        .expect("open for appends");
+
+    let in_child = || {
+        let stop = Arc::new(AtomicBool::new(false));
+        let busy: Vec<_> = (0..2)
+            .map(|i| {
+                let (file, log, stop) = (file.clone(), log.clone(), stop.clone());
+                let chunk = data(4 * MIB, 40 + i);
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = file.write_at(&chunk, i * 4 * MIB as u64);
+                        let _ = log.write_at(&chunk[..64 << 10], 0);
+                    }
+                })
+            })
+            .collect();
+        let (mut hung, mut failed) = (0, 0);
+        for round in 0..10 {
+            std::thread::sleep(Duration::from_millis(5 + round % 7));
+            // SAFETY: the child's other threads are ferrio's and this test's writers; the
+            // locks they may hold at the fork are what the test is about.
+            let pid = unsafe {
+                fork_child(|| {
+                    let ok = file.write_at(b"from the grandchild", 0).is_ok()
+                        && log.write_at(b"grandchild's line\n", 0).is_ok();
+                    i32::from(!ok)
+                })
+            };
+            match reap_within(pid, Duration::from_secs(2)) {
+                Some(status) if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 => {}
+                Some(_) => failed += 1,
+                None => hung += 1,
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in busy {
+            let _ = t.join();
+        }
+        if hung > 0 {
+            30 + hung // 31..40: that many of 10 grandchildren hung in a write
+        } else if failed > 0 {
+            20 // a grandchild's writes failed
+        } else {
+            0
+        }
+    };
+    // SAFETY: this process runs one test on one thread; ferrio's workers hold no lock the
+    // child needs.
+    let pid = unsafe { fork_child(in_child) };
+    assert_child_passed(
+        pid,
+        "the writing child and its grandchildren (31-40: that many hung, 20: a write failed)",
+    );
+    std::fs::write(passed, b"").expect("say the checks passed");
+}
