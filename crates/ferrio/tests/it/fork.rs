@@ -193,6 +193,55 @@ fn run_inner(inner: &str) {
     assert!(passed.exists(), "the forking test did not run");
 }
 
+/// A file of 2 MiB (`bytes`) opened to read with `O_DIRECT` (`direct_read=on`), whose direct
+/// descriptor is not made yet, and whether direct I/O works there (asked through another handle).
+fn direct_file(dir: &std::path::Path, seed: u64) -> (Vec<u8>, ferrio::File, bool) {
+    let bytes = data(2 * MIB, seed);
+    let path = make_file(dir, "late.bin", &bytes);
+    let file = ferrio::File::options()
+        .cache(ferrio::CacheMode::Keep)
+        .direct_read(ferrio::DirectMode::On)
+        .open(&path, "r")
+        .expect("open");
+    let here = ferrio::File::open(&path, "r")
+        .expect("open")
+        .direct_support()
+        .is_available();
+    (bytes, file, here)
+}
+
+/// What a forked process checks of a direct read of [`direct_file`]: its bytes, and that
+/// direct I/O is found as the opener found it. The exit code (0: all well).
+fn read_directly(file: &ferrio::File, bytes: &[u8], here: bool) -> i32 {
+    let mut buf = vec![0u8; bytes.len()];
+    match file.read_at(&mut buf, 0) {
+        Ok(n) if n == bytes.len() && buf == bytes => {}
+        _ => return 10,
+    }
+    if file.direct_support().is_available() != here {
+        return 11;
+    }
+    0
+}
+
+/// Starts a thread that asks `file` about direct I/O, which makes its direct descriptor, held
+/// `delay_ms` first by the testing hook; returns it once the thread is inside (200 ms later).
+fn make_direct_descriptor_slowly(
+    file: &ferrio::File,
+    delay_ms: u64,
+) -> std::thread::JoinHandle<bool> {
+    ferrio::file::DIRECT_OPEN_DELAY_MS.store(delay_ms, std::sync::atomic::Ordering::SeqCst);
+    let asking = file.clone();
+    let asker = std::thread::spawn(move || asking.direct_support().is_available());
+    std::thread::sleep(Duration::from_millis(200));
+    asker
+}
+
+/// In a forked process: no more waiting in the making of direct descriptors.
+fn no_direct_open_delay() {
+    ferrio::file::DIRECT_OPEN_DELAY_MS.store(0, std::sync::atomic::Ordering::SeqCst);
+}
+
 #[test]
 fn a_forked_child_opens_its_own_direct_descriptor_if_the_parents_was_half_opened() {
     run_inner("it::fork::inner_fork_while_the_direct_descriptor_is_opened");
@@ -204,130 +253,29 @@ fn a_forked_child_opens_its_own_direct_descriptor_if_the_parents_was_half_opened
 #[test]
 #[ignore = "run by a_forked_child_opens_its_own_direct_descriptor_if_the_parents_was_half_opened"]
 fn inner_fork_while_the_direct_descriptor_is_opened() {
-    use ferrio::file::DIRECT_OPEN_DELAY_MS;
-    use std::sync::atomic::Ordering;
-
     let Some(passed) = std::env::var_os(INNER) else {
         return;
     };
     let dir = disk_dir();
-    let bytes = data(2 * MIB, 15);
-    let path = make_file(dir.path(), "late.bin", &bytes);
-    let file = ferrio::File::options()
-        .cache(ferrio::CacheMode::Keep)
-        .direct_read(ferrio::DirectMode::On)
-        .open(&path, "r")
-        .expect("open");
-    let here = ferrio::File::open(&path, "r")
-        .expect("open")
-        .direct_support()
-        .is_available();
-    DIRECT_OPEN_DELAY_MS.store(1000, Ordering::SeqCst);
-    let asking = file.clone();
-    let asker = std::thread::spawn(move || asking.direct_support());
-    std::thread::sleep(Duration::from_millis(200));
+    let (bytes, file, here) = direct_file(dir.path(), 15);
+    let asker = make_direct_descriptor_slowly(&file, 1000);
 
     // SAFETY: the other thread of this process sleeps in ferrio, holding no lock but the one
     // this test is about.
     let pid = unsafe {
         fork_child(|| {
-            DIRECT_OPEN_DELAY_MS.store(0, Ordering::SeqCst);
-            let mut buf = vec![0u8; bytes.len()];
-            match file.read_at(&mut buf, 0) {
-                Ok(n) if n == bytes.len() && buf == bytes => {}
-                _ => return 10,
-            }
-            if file.direct_support().is_available() != here {
-                return 11;
-            }
-            0
+            no_direct_open_delay();
+            read_directly(&file, &bytes, here)
         })
     };
     assert_child_passed(pid, "the forked child's direct read");
-    assert_eq!(
-        asker.join().expect("the asking thread").is_available(),
-        here
-    );
+    assert_eq!(asker.join().expect("the asking thread"), here);
     let mut buf = vec![0u8; bytes.len()];
     assert_eq!(
         file.read_at(&mut buf, 0).expect("read in the parent"),
         bytes.len()
     );
     assert!(buf == bytes);
-    std::fs::write(passed, b"").expect("say the checks passed");
-}
-
-#[test]
-fn a_forked_child_writes_while_the_parent_was_writing_at_the_fork() {
-    run_inner("it::fork::inner_fork_while_writing_and_write_in_the_child");
-}
-
-/// The parent writes and appends through one handle from other threads without pause, and
-/// forks again and again: each child writes and appends through the inherited handle and must
-/// end within 2 s (so 20 rounds stay inside the outer deadline): a lock that a parent thread
-/// held at the fork must not stop it.
-#[test]
-#[ignore = "run by a_forked_child_writes_while_the_parent_was_writing_at_the_fork"]
-fn inner_fork_while_writing_and_write_in_the_child() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-
-    let Some(passed) = std::env::var_os(INNER) else {
-        return;
-    };
-    let dir = disk_dir();
-    let s = super::common::settings(ferrio::DirectMode::Off, false, MIB as u64);
-    let file = ferrio::File::options()
-        .settings(s.clone())
-        .open(dir.path().join("w.bin"), "w+")
-        .expect("open");
-    let log = ferrio::File::options()
-        .settings(s)
-        .open(dir.path().join("log.bin"), "a")
-        .expect("open for appends");
-    let stop = Arc::new(AtomicBool::new(false));
-    let busy: Vec<_> = (0..2)
-        .map(|i| {
-            let (file, log, stop) = (file.clone(), log.clone(), stop.clone());
-            let chunk = data(4 * MIB, 30 + i);
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    file.write_at(&chunk, i * 4 * MIB as u64)
-                        .expect("parent write");
-                    log.write_at(&chunk[..64 << 10], 0).expect("parent append");
-                }
-            })
-        })
-        .collect();
-    let mut hung = 0;
-    for round in 0..20 {
-        std::thread::sleep(Duration::from_millis(5 + round % 7));
-        // SAFETY: the parent's other threads are ferrio's and this test's writers; the locks
-        // they may hold at the fork are what the test is about.
-        let pid = unsafe {
-            fork_child(|| {
-                let ok = file.write_at(b"from the child", 0).is_ok()
-                    && log.write_at(b"child's line\n", 0).is_ok();
-                if ok {
-                    0
-                } else {
-                    1
-                }
-            })
-        };
-        match reap_within(pid, Duration::from_secs(2)) {
-            Some(status) => assert!(
-                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-                "round {round}: the child's writes failed ({status:#x})"
-            ),
-            None => hung += 1,
-        }
-    }
-    stop.store(true, Ordering::Relaxed);
-    for t in busy {
-        t.join().expect("a writer thread");
-    }
-    assert_eq!(hung, 0, "{hung} of 20 forked children hung in a write");
     std::fs::write(passed, b"").expect("say the checks passed");
 }
 
@@ -342,45 +290,21 @@ fn a_grandchild_opens_its_own_direct_descriptor_if_its_parents_was_half_opened()
 #[test]
 #[ignore = "run by a_grandchild_opens_its_own_direct_descriptor_if_its_parents_was_half_opened"]
 fn inner_grandchild_while_the_childs_direct_descriptor_is_opened() {
-    use ferrio::file::DIRECT_OPEN_DELAY_MS;
-    use std::sync::atomic::Ordering;
-
     let Some(passed) = std::env::var_os(INNER) else {
         return;
     };
     let dir = disk_dir();
-    let bytes = data(2 * MIB, 16);
-    let path = make_file(dir.path(), "late.bin", &bytes);
-    let file = ferrio::File::options()
-        .cache(ferrio::CacheMode::Keep)
-        .direct_read(ferrio::DirectMode::On)
-        .open(&path, "r")
-        .expect("open");
-    let here = ferrio::File::open(&path, "r")
-        .expect("open")
-        .direct_support()
-        .is_available();
-
-    let in_grandchild = || {
-        DIRECT_OPEN_DELAY_MS.store(0, Ordering::SeqCst);
-        let mut buf = vec![0u8; bytes.len()];
-        match file.read_at(&mut buf, 0) {
-            Ok(n) if n == bytes.len() && buf == bytes => {}
-            _ => return 10,
-        }
-        if file.direct_support().is_available() != here {
-            return 11;
-        }
-        0
-    };
+    let (bytes, file, here) = direct_file(dir.path(), 16);
     let in_child = || {
-        DIRECT_OPEN_DELAY_MS.store(1000, Ordering::SeqCst);
-        let asking = file.clone();
-        let asker = std::thread::spawn(move || asking.direct_support().is_available());
-        std::thread::sleep(Duration::from_millis(200));
+        let asker = make_direct_descriptor_slowly(&file, 1000);
         // SAFETY: the child's other thread sleeps in ferrio, holding no lock but the one this
         // test is about.
-        let grandchild = unsafe { fork_child(in_grandchild) };
+        let grandchild = unsafe {
+            fork_child(|| {
+                no_direct_open_delay();
+                read_directly(&file, &bytes, here)
+            })
+        };
         let code = match reap_within(grandchild, Duration::from_secs(10)) {
             None => 30, // the grandchild hung
             Some(status) if libc::WIFEXITED(status) => libc::WEXITSTATUS(status),
@@ -404,6 +328,103 @@ fn inner_grandchild_while_the_childs_direct_descriptor_is_opened() {
     std::fs::write(passed, b"").expect("say the checks passed");
 }
 
+/// Two handles to write through, with 1 MiB tasks: `w.bin` (mode `w+`) and `log.bin` (`a`).
+fn write_handles(dir: &std::path::Path) -> (ferrio::File, ferrio::File) {
+    let s = super::common::settings(ferrio::DirectMode::Off, false, MIB as u64);
+    let file = ferrio::File::options()
+        .settings(s.clone())
+        .open(dir.join("w.bin"), "w+")
+        .expect("open");
+    let log = ferrio::File::options()
+        .settings(s)
+        .open(dir.join("log.bin"), "a")
+        .expect("open for appends");
+    (file, log)
+}
+
+/// Two threads writing and appending through [`write_handles`] without pause, until stopped.
+struct BusyWriters {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyWriters {
+    fn start(file: &ferrio::File, log: &ferrio::File, seed: u64) -> BusyWriters {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..2u64)
+            .map(|i| {
+                let (file, log, stop) = (file.clone(), log.clone(), stop.clone());
+                let chunk = data(4 * MIB, seed + i);
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        file.write_at(&chunk, i * 4 * MIB as u64)
+                            .expect("a busy write");
+                        log.write_at(&chunk[..64 << 10], 0).expect("a busy append");
+                    }
+                })
+            })
+            .collect();
+        BusyWriters { stop, threads }
+    }
+
+    /// Stops the threads; whether every write of theirs succeeded.
+    fn stop(self) -> bool {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.threads.into_iter().all(|t| t.join().is_ok())
+    }
+}
+
+/// Forks `rounds` times, a few ms apart, while [`BusyWriters`] run; each new process writes and
+/// appends once through the handles and must end within 2 s. Returns how many hung and how
+/// many ended otherwise than with exit code 0.
+fn fork_and_write(rounds: u64, file: &ferrio::File, log: &ferrio::File) -> (u32, u32) {
+    let (mut hung, mut failed) = (0, 0);
+    for round in 0..rounds {
+        std::thread::sleep(Duration::from_millis(5 + round % 7));
+        // SAFETY: the process's other threads are ferrio's and the busy writers; the locks they
+        // may hold at the fork are what the tests are about.
+        let pid = unsafe {
+            fork_child(|| {
+                let ok = file.write_at(b"from a forked process", 0).is_ok()
+                    && log.write_at(b"a forked process's line\n", 0).is_ok();
+                i32::from(!ok)
+            })
+        };
+        match reap_within(pid, Duration::from_secs(2)) {
+            Some(status) if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 => {}
+            Some(_) => failed += 1,
+            None => hung += 1,
+        }
+    }
+    (hung, failed)
+}
+
+#[test]
+fn a_forked_child_writes_while_the_parent_was_writing_at_the_fork() {
+    run_inner("it::fork::inner_fork_while_writing_and_write_in_the_child");
+}
+
+/// The parent writes and appends through one handle from other threads without pause, and
+/// forks again and again: each child writes and appends through the inherited handle and must
+/// end within 2 s (so 20 rounds stay inside the outer deadline): a lock that a parent thread
+/// held at the fork must not stop it.
+#[test]
+#[ignore = "run by a_forked_child_writes_while_the_parent_was_writing_at_the_fork"]
+fn inner_fork_while_writing_and_write_in_the_child() {
+    let Some(passed) = std::env::var_os(INNER) else {
+        return;
+    };
+    let dir = disk_dir();
+    let (file, log) = write_handles(dir.path());
+    let busy = BusyWriters::start(&file, &log, 30);
+    let (hung, failed) = fork_and_write(20, &file, &log);
+    assert!(busy.stop(), "a write of the parent's busy threads failed");
+    assert_eq!(hung, 0, "{hung} of 20 forked children hung in a write");
+    assert_eq!(failed, 0, "{failed} of 20 forked children's writes failed");
+    std::fs::write(passed, b"").expect("say the checks passed");
+}
+
 #[test]
 fn a_grandchild_writes_while_its_parent_was_writing_at_the_fork() {
     run_inner("it::fork::inner_grandchild_while_the_child_writes");
@@ -416,65 +437,20 @@ fn a_grandchild_writes_while_its_parent_was_writing_at_the_fork() {
 #[test]
 #[ignore = "run by a_grandchild_writes_while_its_parent_was_writing_at_the_fork"]
 fn inner_grandchild_while_the_child_writes() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-
     let Some(passed) = std::env::var_os(INNER) else {
         return;
     };
     let dir = disk_dir();
-    let s = super::common::settings(ferrio::DirectMode::Off, false, MIB as u64);
-    let file = ferrio::File::options()
-        .settings(s.clone())
-        .open(dir.path().join("w.bin"), "w+")
-        .expect("open");
-    let log = ferrio::File::options()
-        .settings(s)
-        .open(dir.path().join("log.bin"), "a")
-        .expect("open for appends");
-
+    let (file, log) = write_handles(dir.path());
     let in_child = || {
-        let stop = Arc::new(AtomicBool::new(false));
-        let busy: Vec<_> = (0..2)
-            .map(|i| {
-                let (file, log, stop) = (file.clone(), log.clone(), stop.clone());
-                let chunk = data(4 * MIB, 40 + i);
-                std::thread::spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        let _ = file.write_at(&chunk, i * 4 * MIB as u64);
-                        let _ = log.write_at(&chunk[..64 << 10], 0);
-                    }
-                })
-            })
-            .collect();
-        let (mut hung, mut failed) = (0, 0);
-        for round in 0..10 {
-            std::thread::sleep(Duration::from_millis(5 + round % 7));
-            // SAFETY: the child's other threads are ferrio's and this test's writers; the
-            // locks they may hold at the fork are what the test is about.
-            let pid = unsafe {
-                fork_child(|| {
-                    let ok = file.write_at(b"from the grandchild", 0).is_ok()
-                        && log.write_at(b"grandchild's line\n", 0).is_ok();
-                    i32::from(!ok)
-                })
-            };
-            match reap_within(pid, Duration::from_secs(2)) {
-                Some(status) if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 => {}
-                Some(_) => failed += 1,
-                None => hung += 1,
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
-        for t in busy {
-            let _ = t.join();
-        }
-        if hung > 0 {
-            30 + hung // 31..40: that many of 10 grandchildren hung in a write
-        } else if failed > 0 {
-            20 // a grandchild's writes failed
-        } else {
-            0
+        let busy = BusyWriters::start(&file, &log, 40);
+        let (hung, failed) = fork_and_write(10, &file, &log);
+        let busy_ok = busy.stop();
+        match (hung, failed, busy_ok) {
+            (0, 0, true) => 0,
+            (0, 0, false) => 21,              // a busy write of the child failed
+            (0, _, _) => 20,                  // a grandchild's writes failed
+            (hung, _, _) => 30 + hung as i32, // 31..40: that many of 10 grandchildren hung
         }
     };
     // SAFETY: this process runs one test on one thread; ferrio's workers hold no lock the
