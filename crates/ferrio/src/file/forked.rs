@@ -136,7 +136,7 @@ mod tests {
                 let (values, made) = (values.clone(), made.clone());
                 std::thread::spawn(move || {
                     let v = values.get_or_init(42, || made.fetch_add(1, Ordering::SeqCst));
-                    *v as *const usize as usize
+                    v as *const usize as usize
                 })
             })
             .collect();
