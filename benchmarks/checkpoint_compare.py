@@ -279,10 +279,10 @@ def disk_counters(path: str) -> list[int] | None:
 
 
 def pages_activated() -> int | None:
-    """/proc/vmstat's `pgactivate`: pages the kernel has moved to its active list so far. A
-    warm load is the second access to pages read once since they were written (by `dd` just
-    before it), and moves every page of the checkpoint, one by one for small folios (RESULTS.md,
-    Checkpoints, session 32)."""
+    """/proc/vmstat's `pgactivate`: pages the kernel has moved to its active list so far. The
+    first warm load after the checkpoint is written is the second access to its pages (`dd`,
+    just before it, made the first), and moves every page of it (RESULTS.md, Checkpoints,
+    session 32); later loads find them active."""
     try:
         with open("/proc/vmstat") as f:
             for line in f:
