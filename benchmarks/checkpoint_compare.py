@@ -26,7 +26,8 @@ import time
 
 GIB = 1 << 30
 LOADERS = ["safetensors", "fastsafetensors", "runai", "instanttensor", "ferrio"]
-# Also accepted (not in the default list): "ferrio-window", a research probe (see CHILD).
+# Also accepted (not in the default list): "ferrio-window", a research probe (see CHILD), and
+# "ferrio-safe_open" / "safetensors-safe_open": one `get_tensor` per name through `safe_open`.
 
 # The child: argv = loader, device, files...; prints one JSON line.
 CHILD = r"""
@@ -52,6 +53,22 @@ try:
         from ferrio.safetensors.torch import load_file
         def load():
             return load_file(files if len(files) > 1 else files[0], device=device)
+    elif loader in ("ferrio-safe_open", "safetensors-safe_open"):
+        # The loop that code written for `safetensors.safe_open` runs (transformers' loading,
+        # vLLM's iterator with a device): one `get_tensor` per name, each into memory of its own.
+        if loader == "ferrio-safe_open":
+            from ferrio.safetensors import safe_open
+            opens = [files if len(files) > 1 else files[0]]
+        else:
+            from safetensors import safe_open
+            opens = files
+        def load():
+            out = {}
+            for target in opens:
+                with safe_open(target, framework="pt", device=device) as f:
+                    for k in f.keys():
+                        out[k] = f.get_tensor(k)
+            return out
     elif loader == "ferrio-window":
         # Research only, not a loader: fastsafetensors' request shape with ferrio's engine.
         # Every file's bytes (header too) into one GPU buffer by 16 threads, each taking the
