@@ -26,8 +26,9 @@ import time
 
 GIB = 1 << 30
 LOADERS = ["safetensors", "fastsafetensors", "runai", "instanttensor", "ferrio"]
-# Also accepted (not in the default list): "ferrio-window", a research probe (see CHILD), and
-# "ferrio-safe_open" / "safetensors-safe_open": one `get_tensor` per name through `safe_open`.
+# Also accepted (not in the default list): "ferrio-window", "ferrio-get-parts" and
+# "ferrio-get-ahead", research probes (see CHILD), and "ferrio-safe_open" /
+# "safetensors-safe_open": one `get_tensor` per name through `safe_open`.
 
 # The child: argv = loader, device, files...; prints one JSON line.
 CHILD = r"""
@@ -40,6 +41,7 @@ if os.environ.get("CKPT_IMPORT_EARLY") == "1":
     except ImportError:
         pass  # reported below
 torch.cuda.init(); torch.zeros(1, device=device); torch.cuda.synchronize()
+parts = {}  # a research probe's own timings, printed with the result
 torch.cuda.reset_peak_memory_stats()
 try:
     if loader == "safetensors":
@@ -68,6 +70,47 @@ try:
                 with safe_open(target, framework="pt", device=device) as f:
                     for k in f.keys():
                         out[k] = f.get_tensor(k)
+            return out
+    elif loader in ("ferrio-get-parts", "ferrio-get-ahead"):
+        # Research only: the safe_open loop's reads made by hand, to tell its costs apart.
+        # "parts": per tensor, a CUDA tensor of its own, then one synchronous `File.read`
+        # (what `get_tensor` does), the two timed apart (alloc_s, read_s). "ahead": the same
+        # tensors and reads, but each read started as soon as the reads in flight hold less
+        # than a window (256 MiB), and waited for in file order: a loop that reads ahead.
+        import collections, struct, ferrio
+        WINDOW = 256 << 20
+        def entries(path):
+            with open(path, "rb") as fh:
+                n = struct.unpack("<Q", fh.read(8))[0]
+                header = json.loads(fh.read(n))
+            header.pop("__metadata__", None)
+            order = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
+            return [(k, 8 + n + b, 8 + n + e) for k, v in order for b, e in [v["data_offsets"]]]
+        def load():
+            out, alloc_s, read_s = {}, 0.0, 0.0
+            for path in files:
+                f = ferrio.open(path)
+                pending, in_flight = collections.deque(), 0
+                for name, begin, end in entries(path):
+                    t0 = time.perf_counter()
+                    buf = torch.empty(end - begin, dtype=torch.uint8, device=device)
+                    t1 = time.perf_counter()
+                    alloc_s += t1 - t0
+                    if loader == "ferrio-get-parts":
+                        f.read(buf, offset=begin)
+                        read_s += time.perf_counter() - t1
+                    else:
+                        while pending and in_flight >= WINDOW:
+                            size, fut = pending.popleft()
+                            fut.result()
+                            in_flight -= size
+                        pending.append((end - begin, f.pread(buf, offset=begin)))
+                        in_flight += end - begin
+                    out[name] = buf
+                for _, fut in pending:
+                    fut.result()
+                f.close()
+            parts.update(alloc_s=alloc_s, read_s=read_s, tensors=len(out))
             return out
     elif loader == "ferrio-window":
         # Research only, not a loader: fastsafetensors' request shape with ferrio's engine.
@@ -148,7 +191,7 @@ disk_after = disk()
 nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
 print(json.dumps({"seconds": seconds, "tensor_bytes": nbytes,
                   "peak_gpu_bytes": torch.cuda.max_memory_allocated(),
-                  "disk_before": disk_before, "disk_after": disk_after}))
+                  "disk_before": disk_before, "disk_after": disk_after, **parts}))
 """
 
 
