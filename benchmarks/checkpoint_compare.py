@@ -373,7 +373,8 @@ def disk_shape(before: list[int] | None, after: list[int] | None) -> dict:
 
 
 def run_child(loader: str, device: str, files: list[str]) -> dict:
-    # "ferrio@NAME=VALUE+NAME=VALUE": ferrio with settings, given to the child as FERRIO_*
+    # "ferrio@NAME=VALUE+NAME=VALUE": ferrio with settings, given to the child as FERRIO_* (so
+    # for every ferrio loader and probe: "ferrio-safe_open@TASK_SIZE=1MiB")
     # (PYTHONPATH as itself: another build of ferrio to compare against; CKPT_IMPORT_EARLY=1
     # imports the loader before the CUDA context is made, as a script's imports do). Another
     # loader's variables go as they are written ("fastsafetensors@FASTSAFETENSORS_ODIRECT=0").
@@ -384,7 +385,9 @@ def run_child(loader: str, device: str, files: list[str]) -> dict:
         # `ferrio@cache=bypass` sets FERRIO_CACHE; so does `ferrio@FERRIO_CACHE=bypass` (which
         # became FERRIO_FERRIO_CACHE, ignored, in session 26's runs 4-5).
         ferrio_setting = (
-            base == "ferrio" and name != "PYTHONPATH" and not name.startswith(("CKPT_", "FERRIO_"))
+            base.startswith("ferrio")
+            and name != "PYTHONPATH"
+            and not name.startswith(("CKPT_", "FERRIO_"))
         )
         env["FERRIO_" + name.upper() if ferrio_setting else name] = value
     res = run_python(CHILD, [base, device, *files], env)
