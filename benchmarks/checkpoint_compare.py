@@ -77,21 +77,18 @@ try:
         # (what `get_tensor` does), the two timed apart (alloc_s, read_s). "ahead": the same
         # tensors and reads, but each read started as soon as the reads in flight hold less
         # than a window (256 MiB), and waited for in file order: a loop that reads ahead.
-        import collections, struct, ferrio
+        import collections, ferrio
+        from ferrio.safetensors import safetensors_read_header
         WINDOW = 256 << 20
         def entries(path):
-            with open(path, "rb") as fh:
-                n = struct.unpack("<Q", fh.read(8))[0]
-                header = json.loads(fh.read(n))
-            header.pop("__metadata__", None)
-            order = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
-            return [(k, 8 + n + b, 8 + n + e) for k, v in order for b, e in [v["data_offsets"]]]
+            start, _, tensors = safetensors_read_header(path)
+            return sorted((start + b, start + e, name) for name, _, _, b, e in tensors)
         def load():
             out, alloc_s, read_s = {}, 0.0, 0.0
             for path in files:
                 f = ferrio.open(path)
                 pending, in_flight = collections.deque(), 0
-                for name, begin, end in entries(path):
+                for begin, end, name in entries(path):
                     t0 = time.perf_counter()
                     buf = torch.empty(end - begin, dtype=torch.uint8, device=device)
                     t1 = time.perf_counter()
@@ -117,7 +114,9 @@ try:
         # Every file's bytes (header too) into one GPU buffer by 16 threads, each taking the
         # next 512 KiB of one shared queue and reading it direct (cache=bypass) through the
         # engine's bounce ring: requests in flight stay within a few MiB of each other.
-        import itertools, threading, ferrio
+        import itertools, ferrio
+        sys.path.append(os.environ["BENCHMARKS_DIR"])
+        from fill_shapes import run_threads  # a failed read in any thread fails the load
         PIECE, THREADS = 512 << 10, 16
         def load():
             out = {}
@@ -126,21 +125,11 @@ try:
                 size = f.size
                 buf = torch.empty(size, dtype=torch.uint8, device=device)
                 offsets = itertools.count(0, PIECE)
-                errors = []
                 def work():
-                    try:
-                        while (at := next(offsets)) < size:
-                            f.pread(buf[at:at + PIECE], offset=at).result()
-                    except BaseException as e:  # raised below: a failed read fails the load
-                        errors.append(e)
-                threads = [threading.Thread(target=work) for _ in range(THREADS)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                    while (at := next(offsets)) < size:
+                        f.pread(buf[at:at + PIECE], offset=at).result()
+                run_threads(THREADS, work)
                 f.close()
-                if errors:
-                    raise errors[0]
                 out[str(i)] = buf
             return out
     elif loader == "fastsafetensors":
@@ -401,6 +390,11 @@ def run_child(loader: str, device: str, files: list[str]) -> dict:
 def run_python(code: str, args: list[str], env: dict | None = None, timeout: int = 900) -> dict:
     """Run `code` in a fresh Python process; return the last JSON line it printed, or
     ``{"error": its last line of stderr}``."""
+    # The child finds the benchmarks' shared helpers (fill_shapes.run_threads) here.
+    env = dict(
+        os.environ if env is None else env,
+        BENCHMARKS_DIR=os.path.dirname(os.path.abspath(__file__)),
+    )
     out = subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True, text=True, timeout=timeout, env=env,

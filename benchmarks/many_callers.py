@@ -27,7 +27,7 @@ from numpy_compare import parse_size
 GIB = 1 << 30
 
 CHILD = r"""
-import itertools, json, os, sys, threading, time
+import itertools, json, os, sys, time
 client, path = sys.argv[1], sys.argv[2]
 threads, piece, gpu = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
 if client.startswith("ferrio@"):
@@ -59,25 +59,17 @@ elif client == "kvikio":
         f.pread(buf[at:at + piece], file_offset=at).get()
 else:
     raise SystemExit(f"unknown client {client}")
+sys.path.append(os.environ["BENCHMARKS_DIR"])
+from fill_shapes import run_threads  # a failed read in any thread fails the run
 offsets = itertools.count(0, piece)
-errors = []
 def work():
-    try:
-        while (at := next(offsets)) < size:
-            read(at)
-    except BaseException as e:  # raised below
-        errors.append(e)
+    while (at := next(offsets)) < size:
+        read(at)
 start = time.perf_counter()
-pool = [threading.Thread(target=work) for _ in range(threads)]
-for t in pool:
-    t.start()
-for t in pool:
-    t.join()
+run_threads(threads, work)
 if gpu:
     cp.cuda.runtime.deviceSynchronize()
 seconds = time.perf_counter() - start
-if errors:
-    raise errors[0]
 with open(path, "rb") as src:  # every byte checked, 64 MiB at a time
     at = 0
     while want := src.read(64 << 20):
@@ -89,7 +81,8 @@ print(json.dumps({"seconds": seconds}))
 
 
 def run(client: str, path: str, threads: int, piece: int, gpu: bool) -> float | None:
-    env = dict(os.environ)
+    # The child finds the benchmarks' shared helpers (fill_shapes.run_threads) here.
+    env = dict(os.environ, BENCHMARKS_DIR=os.path.dirname(os.path.abspath(__file__)))
     name = client
     if client.startswith("kvikio@"):  # "kvikio@NTHREADS=16": KvikIO's KVIKIO_NTHREADS
         name, _, setting = client.partition("@")
