@@ -28,7 +28,8 @@ GIB = 1 << 30
 LOADERS = ["safetensors", "fastsafetensors", "runai", "instanttensor", "ferrio"]
 # Also accepted (not in the default list): "ferrio-window", "ferrio-get-parts" and
 # "ferrio-get-ahead", research probes (see CHILD), and "ferrio-safe_open" /
-# "safetensors-safe_open": one `get_tensor` per name through `safe_open`.
+# "safetensors-safe_open": one `get_tensor` per name through `safe_open` (with "-via-cpu":
+# into host memory, each tensor then copied to the device, as vLLM's default loader does).
 
 # The child: argv = loader, device, files...; prints one JSON line.
 CHILD = r"""
@@ -55,21 +56,24 @@ try:
         from ferrio.safetensors.torch import load_file
         def load():
             return load_file(files if len(files) > 1 else files[0], device=device)
-    elif loader in ("ferrio-safe_open", "safetensors-safe_open"):
+    elif loader.startswith(("ferrio-safe_open", "safetensors-safe_open")):
         # The loop that code written for `safetensors.safe_open` runs (transformers' loading,
         # vLLM's iterator with a device): one `get_tensor` per name, each into memory of its own.
-        if loader == "ferrio-safe_open":
+        # "-via-cpu": vLLM's default iterator, host tensors each copied to the device after.
+        if loader.startswith("ferrio-safe_open"):
             from ferrio.safetensors import safe_open
             opens = [files if len(files) > 1 else files[0]]
         else:
             from safetensors import safe_open
             opens = files
+        via_cpu = loader.endswith("-via-cpu")
         def load():
             out = {}
             for target in opens:
-                with safe_open(target, framework="pt", device=device) as f:
+                with safe_open(target, framework="pt", device="cpu" if via_cpu else device) as f:
                     for k in f.keys():
-                        out[k] = f.get_tensor(k)
+                        t = f.get_tensor(k)
+                        out[k] = t.to(device) if via_cpu else t
             return out
     elif loader in ("ferrio-get-parts", "ferrio-get-ahead"):
         # Research only: the safe_open loop's reads made by hand, to tell its costs apart.

@@ -204,6 +204,9 @@ pub struct Settings {
     pub remote_retries: usize,
     /// Longest time one request may spend being retried, waits included.
     pub remote_retry_timeout: Duration,
+    /// Bytes of tensors a safetensors `safe_open` reads ahead of `get_tensor` calls that come
+    /// in file or `keys()` order (Python's `ferrio.safetensors`); 0: none.
+    pub tensor_read_ahead: u64,
 }
 
 impl Default for Settings {
@@ -237,6 +240,7 @@ impl Default for Settings {
             remote_timeout: Duration::ZERO,
             remote_retries: 0,
             remote_retry_timeout: Duration::ZERO,
+            tensor_read_ahead: 0,
         };
         for info in SETTINGS {
             let parsed = (info.set)(&mut s, info.default);
@@ -617,6 +621,19 @@ pub const SETTINGS: &[SettingInfo] = &[
         get: |s| format_duration(s.remote_retry_timeout),
         set: |s, v| {
             s.remote_retry_timeout = duration(v, false)?;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "tensor_read_ahead",
+        env: "FERRIO_TENSOR_READ_AHEAD",
+        unit: "bytes (0 = none)",
+        default: "256 MiB",
+        doc: "tensors a safetensors safe_open reads ahead, in bytes, while its get_tensor calls \
+              come in file or keys() order; each tensor still gets memory of its own",
+        get: |s| s.tensor_read_ahead.to_string(),
+        set: |s, v| {
+            s.tensor_read_ahead = size(v, 0, SIZE_FORMS)?;
             Ok(())
         },
     },

@@ -60,6 +60,7 @@ from ferrio._native import (
     safetensors_read_header,
 )
 from ferrio.safetensors import _distributed as _dist
+from ferrio.safetensors._ahead import ReadAhead, TensorRead, truncated
 from ferrio.safetensors._frameworks import (
     Framework,
     check_not_shared,
@@ -442,33 +443,11 @@ class _Load:
             [r for r in runs if r[2] > r[1]], got, want, strict=True
         ):
             if g != w:
-                raise _truncated(path, g, w, begin)
+                raise truncated(path, g, w, begin)
 
     def view(self, t: _Tensor) -> Any:
         at = self.at[t.name]
         return self.fw.view(self.buf, at, at + t.nbytes, t.dtype, t.shape)
-
-
-def _truncated(path: str, got: int, want: int, begin: int) -> SafetensorError:
-    return SafetensorError(
-        f"invalid safetensors file {path}: truncated, {got} of {want} bytes at offset {begin}"
-    )
-
-
-def _load_one(fw: Framework, ckpt: _Checkpoint, t: _Tensor) -> Any:
-    """Read one tensor into memory of its own, placed as `_Load` would place it.
-
-    One plain read and no load object: a loop of `get_tensor` calls over many small tensors
-    pays no more than it must.
-    """
-    fw.check_dtype(t.name, t.dtype)
-    at = t.begin % 8
-    buf = fw.empty(at + t.nbytes)
-    if t.nbytes:
-        got = ckpt.handles[t.path].read(fw.target(buf, at, at + t.nbytes), offset=t.begin)
-        if got != t.nbytes:
-            raise _truncated(t.path, got, t.nbytes, t.begin)
-    return fw.view(buf, at, at + t.nbytes, t.dtype, t.shape)
 
 
 def _load(fw: Framework, ckpt: _Checkpoint, tensors: list[_Tensor]) -> dict[str, Any]:
@@ -588,7 +567,7 @@ class _Slice:
         return self._read(part)[(new_first, *keys[1:])]
 
     def _read(self, t: _Tensor) -> Any:
-        return _load_one(self._fw, self._ckpt, t)
+        return TensorRead(self._fw, self._ckpt, t).take(self._fw)
 
 
 def _is_integer(k: Any) -> bool:
@@ -653,6 +632,7 @@ class safe_open:  # the name of safetensors' class
     ) -> None:
         del backend  # safetensors' mmap/pread choice; ferrio always reads in parallel
         self._group: _dist.Group | None = None
+        self._ahead: ReadAhead | None = None  # made by the first get_tensor
         if process_group is None:
             self._fw = _framework(framework, device)
             self._ckpt = _Checkpoint(filename, tensor_filter)
@@ -702,6 +682,9 @@ class safe_open:  # the name of safetensors' class
         files open while they live, as safetensors' keep the file mapped; anything else raises
         :class:`SafetensorError` afterwards, as in safetensors.
         """
+        ahead = getattr(self, "_ahead", None)
+        if ahead is not None:
+            ahead.close()  # its reads end before their buffers (and the files) can go
         ckpt = getattr(self, "_ckpt", None)
         if ckpt is not None:
             if not getattr(self, "_lent", False):
@@ -735,12 +718,22 @@ class safe_open:  # the name of safetensors' class
             raise SafetensorError(f"File does not contain tensor {name}")
         return t
 
-    def _read(self, t: _Tensor) -> Any:
-        return _load_one(self._fw, self._open_ckpt(), t)
-
     def get_tensor(self, name: str) -> Any:
-        """Read one tensor into memory of its own."""
-        return self._read(self._info(name))
+        """Read one tensor into memory of its own.
+
+        Calls that walk the checkpoint in file order or in :meth:`keys` order (``for k in
+        f.keys(): f.get_tensor(k)``) are read ahead: once two calls in a row ask for
+        neighbours, the next tensors in that order are read while the caller works, up to the
+        ``tensor_read_ahead`` setting (``FERRIO_TENSOR_READ_AHEAD``, 256 MiB; 0 turns it off)
+        and at least one tensor. Each still gets memory of its own; tensors read ahead but
+        never asked for are freed when the caller skips past them or the file is closed.
+        """
+        t = self._info(name)
+        ckpt = self._open_ckpt()
+        if self._ahead is None:
+            window = ferrio.config.get("tensor_read_ahead")
+            self._ahead = ReadAhead(self._fw, ckpt, int(window))
+        return self._ahead.get(t)
 
     def get_slice(self, name: str) -> _Slice:
         """Return a lazy tensor: indexing it reads only the rows (first dimension) needed.
