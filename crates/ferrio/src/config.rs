@@ -628,7 +628,7 @@ pub const SETTINGS: &[SettingInfo] = &[
         name: "tensor_read_ahead",
         env: "FERRIO_TENSOR_READ_AHEAD",
         unit: "bytes (0 = none)",
-        default: "256 MiB",
+        default: "1 GiB",
         doc: "tensors a safetensors safe_open reads ahead, in bytes, while its get_tensor calls \
               come in file or keys() order; each tensor still gets memory of its own",
         get: |s| s.tensor_read_ahead.to_string(),

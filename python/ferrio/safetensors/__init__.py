@@ -724,7 +724,7 @@ class safe_open:  # the name of safetensors' class
         Calls that walk the checkpoint in file order or in :meth:`keys` order (``for k in
         f.keys(): f.get_tensor(k)``) are read ahead: once two calls in a row ask for
         neighbours, the next tensors in that order are read while the caller works, up to the
-        ``tensor_read_ahead`` setting (``FERRIO_TENSOR_READ_AHEAD``, 256 MiB; 0 turns it off)
+        ``tensor_read_ahead`` setting (``FERRIO_TENSOR_READ_AHEAD``, 1 GiB; 0 turns it off)
         and at least one tensor. Each still gets memory of its own; tensors read ahead but
         never asked for are freed when the caller skips past them or the file is closed.
         """
