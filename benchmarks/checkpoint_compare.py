@@ -303,7 +303,10 @@ def run_fio(fio: str, shape: str, files: list[str]) -> dict:
     else:
         cmd.append("--rw=read")
     t = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except OSError as e:  # no fio there: a row that says so, not the end of the run
+        return {"error": f"cannot run fio: {e}"}
     secs = time.perf_counter() - t
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or ["fio failed"])[-1]}

@@ -127,12 +127,13 @@ fi
 if want checkpoint; then
 step checkpoint-compare
 # Fresh process per load, warm and cold, the 8 GiB file and 4 x 2 GiB shards (created if missing);
-# fio's two O_DIRECT shapes on the same files join the cold rows.
+# fio's O_DIRECT shapes on the same files join the cold rows where .carry/bin/fio is carried.
 timeout "${CKPT_TIMEOUT:-420}" python3 benchmarks/checkpoint_compare.py --dir /root/ferrio-ckpt \
   --rounds "${CKPT_ROUNDS:-2}" --checkpoints "${CKPT_WHICH:-both}" \
   ${CKPT_LOADERS:+--loaders "$CKPT_LOADERS"} ${CKPT_WARM:+--warm-loaders "$CKPT_WARM"} \
   ${CKPT_COLD:+--cold-loaders "$CKPT_COLD"} ${CKPT_FIO_SHAPES:+--fio-shapes "$CKPT_FIO_SHAPES"} \
-  ${CKPT_REREAD:+--reread} --fio "$ROOT/.carry/bin/fio" >"$LOGS/checkpoint_compare.log" 2>&1
+  ${CKPT_REREAD:+--reread} $( [ -x "$ROOT/.carry/bin/fio" ] && echo --fio "$ROOT/.carry/bin/fio" ) \
+  >"$LOGS/checkpoint_compare.log" 2>&1
 cat "$LOGS/checkpoint_compare.log" | tail -30 | tee -a "$S"
 fi
 
