@@ -123,11 +123,13 @@ def test_a_tensor_larger_than_the_window_is_still_read_one_ahead(tmp_path):
     assert f._ahead.hits == len(d) - 2
 
 
-def test_no_read_ahead_when_the_setting_is_zero(tmp_path, monkeypatch):
+def test_no_read_ahead_when_the_setting_is_zero_at_open(tmp_path, monkeypatch):
     d = layers(10)
     path = checkpoint(tmp_path, d)
     reads = Reads(monkeypatch)
-    with ferrio.config.set(tensor_read_ahead=0), fs.safe_open(path, "numpy") as f:
+    with ferrio.config.set(tensor_read_ahead=0):
+        f = fs.safe_open(path, "numpy")
+    with f:  # the setting is taken at open, as a file's settings are
         for k in sorted(d)[:5]:
             same(f.get_tensor(k), d[k])
     assert f._ahead.hits == 0

@@ -633,6 +633,8 @@ class safe_open:  # the name of safetensors' class
         del backend  # safetensors' mmap/pread choice; ferrio always reads in parallel
         self._group: _dist.Group | None = None
         self._ahead: ReadAhead | None = None  # made by the first get_tensor
+        # A snapshot at open, as a file takes its settings when it is opened.
+        self._read_ahead = int(ferrio.config.get("tensor_read_ahead"))
         if process_group is None:
             self._fw = _framework(framework, device)
             self._ckpt = _Checkpoint(filename, tensor_filter)
@@ -724,15 +726,15 @@ class safe_open:  # the name of safetensors' class
         Calls that walk the checkpoint in file order or in :meth:`keys` order (``for k in
         f.keys(): f.get_tensor(k)``) are read ahead: once two calls in a row ask for
         neighbours, the next tensors in that order are read while the caller works, up to the
-        ``tensor_read_ahead`` setting (``FERRIO_TENSOR_READ_AHEAD``, 1 GiB; 0 turns it off)
-        and at least one tensor. Each still gets memory of its own; tensors read ahead but
-        never asked for are freed when the caller skips past them or the file is closed.
+        ``tensor_read_ahead`` setting as it was when this file was opened
+        (``FERRIO_TENSOR_READ_AHEAD``, 1 GiB; 0 turns it off), and at least one tensor. Each
+        still gets memory of its own; tensors read ahead but never asked for are freed when the
+        caller skips past them or the file is closed.
         """
         t = self._info(name)
         ckpt = self._open_ckpt()
         if self._ahead is None:
-            window = ferrio.config.get("tensor_read_ahead")
-            self._ahead = ReadAhead(self._fw, ckpt, int(window))
+            self._ahead = ReadAhead(self._fw, ckpt, self._read_ahead)
         return self._ahead.get(t)
 
     def get_slice(self, name: str) -> _Slice:
