@@ -30,6 +30,7 @@ import pytest
 from azure_blob_server import ACCOUNT, KEY, VERSION, shared_key
 
 import ferrio
+import ferrio.safetensors as fs
 
 
 def pattern(size: int, seed: int = 0) -> np.ndarray:
@@ -410,3 +411,39 @@ def use_azure(monkeypatch: pytest.MonkeyPatch, service: AzureService) -> None:
             monkeypatch.delenv(k)
     monkeypatch.setenv("AZURE_STORAGE_USE_EMULATOR", "true")
     monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", service.url)
+
+
+class Recorder:
+    """Stands in for ferrio.open and records every (offset, size) read of tensor bytes (the
+    header is read through the real file the proxy wraps, and not counted): the safetensors
+    tests' count of what a load reads."""
+
+    def __init__(self, monkeypatch):
+        self.reads: list[tuple[int, int]] = []
+        real = ferrio.open
+        real_header = fs.safetensors_read_header
+        rec = self
+
+        class Proxy:
+            def __init__(self, path, mode="r"):
+                self.f = real(path, mode)
+
+            def pread(self, buf, size=None, offset=0):
+                rec.reads.append((offset, memoryview(buf).nbytes))
+                return self.f.pread(buf, size, offset)
+
+            def read(self, buf, size=None, offset=0):
+                rec.reads.append((offset, memoryview(buf).nbytes))
+                return self.f.read(buf, size, offset)
+
+            def close(self):
+                self.f.close()
+
+        monkeypatch.setattr(ferrio, "open", Proxy)
+        monkeypatch.setattr(
+            fs, "safetensors_read_header", lambda h: real_header(h.f if isinstance(h, Proxy) else h)
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, n in self.reads)

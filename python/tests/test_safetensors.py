@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import Recorder
 
 import ferrio
 import ferrio.safetensors as fs
@@ -294,41 +295,6 @@ def test_an_index_may_name_only_shards_beside_it(tmp_path, shard):
     sn.save_file({"a": np.ones(2)}, inner / "sub" / "y.safetensors")
     index.write_text(json.dumps({"weight_map": {"a": "sub/y.safetensors", "b": "x.safetensors"}}))
     np.testing.assert_array_equal(fsn.load_file(index)["a"], np.ones(2))
-
-
-class Recorder:
-    """Stands in for ferrio.open and records every (offset, size) read of tensor bytes (the
-    header is read through the real file the proxy wraps, and not counted)."""
-
-    def __init__(self, monkeypatch):
-        self.reads: list[tuple[int, int]] = []
-        real = ferrio.open
-        real_header = fs.safetensors_read_header
-        rec = self
-
-        class Proxy:
-            def __init__(self, path, mode="r"):
-                self.f = real(path, mode)
-
-            def pread(self, buf, size=None, offset=0):
-                rec.reads.append((offset, memoryview(buf).nbytes))
-                return self.f.pread(buf, size, offset)
-
-            def read(self, buf, size=None, offset=0):
-                rec.reads.append((offset, memoryview(buf).nbytes))
-                return self.f.read(buf, size, offset)
-
-            def close(self):
-                self.f.close()
-
-        monkeypatch.setattr(ferrio, "open", Proxy)
-        monkeypatch.setattr(
-            fs, "safetensors_read_header", lambda h: real_header(h.f if isinstance(h, Proxy) else h)
-        )
-
-    @property
-    def nbytes(self) -> int:
-        return sum(n for _, n in self.reads)
 
 
 def test_tensor_filter_reads_only_selected_bytes(tmp_path, monkeypatch):

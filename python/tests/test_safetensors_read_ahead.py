@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import Recorder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,33 +43,6 @@ def layers(count: int, elems: int = 4096) -> dict[str, np.ndarray]:
 def same(got: np.ndarray, want: np.ndarray) -> None:
     assert got.dtype == want.dtype and got.shape == want.shape
     assert got.tobytes() == want.tobytes()
-
-
-class Reads:
-    """Counts the tensor bytes ferrio is asked to read, through a proxy of ferrio.open."""
-
-    def __init__(self, monkeypatch):
-        self.nbytes = 0
-        self.lock = threading.Lock()
-        real_open, real_header = ferrio.open, fs.safetensors_read_header
-        reads = self
-
-        class Proxy:
-            def __init__(self, path, mode="r"):
-                self.f = real_open(path, mode)
-
-            def pread(self, buf, size=None, offset=0):
-                with reads.lock:
-                    reads.nbytes += memoryview(buf).nbytes
-                return self.f.pread(buf, size, offset)
-
-            def close(self):
-                self.f.close()
-
-        monkeypatch.setattr(ferrio, "open", Proxy)
-        monkeypatch.setattr(
-            fs, "safetensors_read_header", lambda h: real_header(h.f if isinstance(h, Proxy) else h)
-        )
 
 
 @pytest.mark.parametrize("walk", ["keys", "offset_keys"])
@@ -103,7 +77,7 @@ def test_tensors_read_ahead_have_memory_of_their_own(tmp_path):
 def test_the_bytes_held_ahead_stay_within_the_setting(tmp_path, monkeypatch):
     d = layers(40, elems=MIB // 4)  # 40 tensors of 1 MiB
     path = checkpoint(tmp_path, d)
-    reads = Reads(monkeypatch)
+    reads = Recorder(monkeypatch)
     with ferrio.config.set(tensor_read_ahead="4MiB"), fs.safe_open(path, "numpy") as f:
         for k in sorted(d)[:3]:
             same(f.get_tensor(k), d[k])
@@ -126,7 +100,7 @@ def test_a_tensor_larger_than_the_window_is_still_read_one_ahead(tmp_path):
 def test_no_read_ahead_when_the_setting_is_zero_at_open(tmp_path, monkeypatch):
     d = layers(10)
     path = checkpoint(tmp_path, d)
-    reads = Reads(monkeypatch)
+    reads = Recorder(monkeypatch)
     with ferrio.config.set(tensor_read_ahead=0):
         f = fs.safe_open(path, "numpy")
     with f:  # the setting is taken at open, as a file's settings are
@@ -154,7 +128,7 @@ def test_backwards_walks_read_alone_and_stop_the_read_ahead(tmp_path, monkeypatc
     d = layers(20)
     path = checkpoint(tmp_path, d)
     names = sorted(d)
-    reads = Reads(monkeypatch)
+    reads = Recorder(monkeypatch)
     with fs.safe_open(path, "numpy") as f:
         for k in names[:3]:  # tells the order: reads start ahead
             same(f.get_tensor(k), d[k])
@@ -170,7 +144,7 @@ def test_backwards_walks_read_alone_and_stop_the_read_ahead(tmp_path, monkeypatc
 def test_a_reverse_walk_never_reads_ahead(tmp_path, monkeypatch):
     d = layers(12)
     path = checkpoint(tmp_path, d)
-    reads = Reads(monkeypatch)
+    reads = Recorder(monkeypatch)
     with fs.safe_open(path, "numpy") as f:
         for k in reversed(f.keys()):
             same(f.get_tensor(k), d[k])
