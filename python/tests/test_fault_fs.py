@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli
+from conftest import cli, interrupt_when
 
 import ferrio
 from ferrio.safetensors.numpy import save_file
@@ -112,3 +112,43 @@ def test_a_cancelled_cold_read_on_a_slow_file_system_stops_soon(fault_fs: Path) 
         again = np.empty(2 << 20, dtype=np.uint8)
         assert f.read(again, offset=100 << 20) == again.size
     np.testing.assert_array_equal(again, body[100 << 20 : (100 << 20) + again.size])
+
+
+def _fill_slow(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        f.write(np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8).tobytes())
+    ferrio.drop_cache(path)
+
+
+def test_ctrl_c_stops_the_cli_read_of_a_slow_file_at_once(fault_fs: Path) -> None:
+    """`ferrio read` keeps two windows in flight. Ctrl-C cancelled the window it was waiting
+    for and then waited for that window's tasks before cancelling the other one, whose 64 MiB
+    fill task the pool's thread could be running meanwhile: about 10 s on this file system."""
+    path = fault_fs / "slow.cli-read.bin"
+    _fill_slow(path, 192 << 20)  # windows of 128 and 64 MiB, each in 64 MiB fill tasks
+    proc = subprocess.Popen(
+        cli("read", "--threads", "1", str(path)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    err, took = interrupt_when(proc, lambda: time.sleep(1.5), 60)
+    assert proc.returncode == 130, err
+    assert took < 2.5, f"exited {took:.1f} s after Ctrl-C"
+
+
+def test_ctrl_c_stops_the_cli_write_of_a_slow_file_soon(fault_fs: Path) -> None:
+    """`ferrio write` on a file system that takes 20 ms for each 4 KiB it is written stops
+    within a task of Ctrl-C (a `pwrite` in progress is not interrupted: 64 KiB tasks here take
+    0.3 s each), and removes the file it created."""
+    path = fault_fs / "slow-writes.cli-write.bin"
+    proc = subprocess.Popen(
+        cli("write", "--threads", "1", "--task-size", "64KiB", "--size", "256MiB", str(path)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    err, took = interrupt_when(proc, lambda: time.sleep(1.5), 60)
+    assert proc.returncode == 130, err
+    assert took < 2.5, f"exited {took:.1f} s after Ctrl-C"
+    assert not path.exists()

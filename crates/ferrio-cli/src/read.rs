@@ -474,6 +474,9 @@ fn read_one(f: &Source, bufs: &mut Vec<Window>) -> anyhow::Result<Outcome> {
             break Ok(());
         };
         if let Err(e) = wait_polled(&fut) {
+            // Back with the others, all cancelled below before any is dropped: dropping this
+            // one first waited for its tasks while the pool's threads ran the other window's.
+            in_flight.push_front((fut, want));
             break Err(e);
         }
         let (r, mut buf) = fut.into_buffer();
@@ -489,7 +492,8 @@ fn read_one(f: &Source, bufs: &mut Vec<Window>) -> anyhow::Result<Outcome> {
         free.push_back(buf);
     };
     if result.is_err() {
-        // Stop the windows still queued; dropping them then waits only for running tasks.
+        // Stop every window in flight, then drop them: the drops wait only for the tasks that
+        // were running, which stop between blocks.
         for (fut, _) in &in_flight {
             fut.cancel();
         }

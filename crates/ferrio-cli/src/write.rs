@@ -410,6 +410,8 @@ pub(crate) fn write_generated(
             break Err(anyhow::anyhow!("no window to write with"));
         };
         if let Err(e) = wait_polled(&fut) {
+            // Back with the others, all cancelled below before any is dropped (see `read`).
+            in_flight.push_front(fut);
             break Err(e);
         }
         let (result, mut buf) = fut.into_buffer();
@@ -422,7 +424,7 @@ pub(crate) fn write_generated(
         progress.set(done);
     };
     if result.is_err() {
-        // Stop the windows still queued; dropping them then waits only for running tasks.
+        // Stop every window in flight, then drop them: the drops wait only for running tasks.
         for fut in &in_flight {
             fut.cancel();
         }
