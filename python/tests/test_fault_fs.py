@@ -120,7 +120,9 @@ def _fill_slow(path: Path, size: int) -> None:
     ferrio.drop_cache(path)
 
 
-def test_ctrl_c_stops_the_cli_read_of_a_slow_file_at_once(fault_fs: Path) -> None:
+def test_ctrl_c_stops_the_cli_read_of_a_slow_file_at_once(
+    fault_fs: Path, python_sigint: None
+) -> None:
     """`ferrio read` keeps two windows in flight. Ctrl-C cancelled the window it was waiting
     for and then waited for that window's tasks before cancelling the other one, whose 64 MiB
     fill task the pool's thread could be running meanwhile: about 10 s on this file system."""
@@ -137,7 +139,9 @@ def test_ctrl_c_stops_the_cli_read_of_a_slow_file_at_once(fault_fs: Path) -> Non
     assert took < 2.5, f"exited {took:.1f} s after Ctrl-C"
 
 
-def test_ctrl_c_stops_the_cli_write_of_a_slow_file_soon(fault_fs: Path) -> None:
+def test_ctrl_c_stops_the_cli_write_of_a_slow_file_soon(
+    fault_fs: Path, python_sigint: None
+) -> None:
     """`ferrio write` on a file system that takes 20 ms for each 4 KiB it is written stops
     within a task of Ctrl-C (a `pwrite` in progress is not interrupted: 64 KiB tasks here take
     0.3 s each), and removes the file it created."""
