@@ -120,6 +120,16 @@ def _fill_slow(path: Path, size: int) -> None:
     ferrio.drop_cache(path)
 
 
+def _ctrl_c_after_a_while(*args: str) -> None:
+    """Run `ferrio ARGS`, send Ctrl-C 1.5 s in: it must exit with 130 within 2.5 s."""
+    proc = subprocess.Popen(
+        cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    err, took = interrupt_when(proc, lambda: time.sleep(1.5), 60)
+    assert proc.returncode == 130, err
+    assert took < 2.5, f"exited {took:.1f} s after Ctrl-C"
+
+
 def test_ctrl_c_stops_the_cli_read_of_a_slow_file_at_once(
     fault_fs: Path, python_sigint: None
 ) -> None:
@@ -128,15 +138,7 @@ def test_ctrl_c_stops_the_cli_read_of_a_slow_file_at_once(
     fill task the pool's thread could be running meanwhile: about 10 s on this file system."""
     path = fault_fs / "slow.cli-read.bin"
     _fill_slow(path, 192 << 20)  # windows of 128 and 64 MiB, each in 64 MiB fill tasks
-    proc = subprocess.Popen(
-        cli("read", "--threads", "1", str(path)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    err, took = interrupt_when(proc, lambda: time.sleep(1.5), 60)
-    assert proc.returncode == 130, err
-    assert took < 2.5, f"exited {took:.1f} s after Ctrl-C"
+    _ctrl_c_after_a_while("read", "--threads", "1", str(path))
 
 
 def test_ctrl_c_stops_the_cli_write_of_a_slow_file_soon(
@@ -146,13 +148,7 @@ def test_ctrl_c_stops_the_cli_write_of_a_slow_file_soon(
     within a task of Ctrl-C (a `pwrite` in progress is not interrupted: 64 KiB tasks here take
     0.3 s each), and removes the file it created."""
     path = fault_fs / "slow-writes.cli-write.bin"
-    proc = subprocess.Popen(
-        cli("write", "--threads", "1", "--task-size", "64KiB", "--size", "256MiB", str(path)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    _ctrl_c_after_a_while(
+        "write", "--threads", "1", "--task-size", "64KiB", "--size", "256MiB", str(path)
     )
-    err, took = interrupt_when(proc, lambda: time.sleep(1.5), 60)
-    assert proc.returncode == 130, err
-    assert took < 2.5, f"exited {took:.1f} s after Ctrl-C"
     assert not path.exists()
