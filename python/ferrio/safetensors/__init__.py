@@ -44,6 +44,7 @@ import json
 import numbers
 import os
 import stat
+import threading
 import urllib.parse
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -97,6 +98,9 @@ _MAX_HEADER_BYTES = 100_000_000
 
 # Shards opened (and their headers read) at once: each is a round trip or two to a store.
 _HEADER_THREADS = 16
+
+# Held while a `safe_open` makes its read-ahead state, on its first `get_tensor`.
+_AHEAD_MADE = threading.Lock()
 
 
 _Run = tuple[str, int, int, int]  # path, file begin, file end, where in the buffer
@@ -734,7 +738,9 @@ class safe_open:  # the name of safetensors' class
         t = self._info(name)
         ckpt = self._open_ckpt()
         if self._ahead is None:
-            self._ahead = ReadAhead(self._fw, ckpt, self._read_ahead)
+            with _AHEAD_MADE:  # threads whose first calls race make one, not one each
+                if self._ahead is None:
+                    self._ahead = ReadAhead(self._fw, ckpt, self._read_ahead)
         return self._ahead.get(t)
 
     def get_slice(self, name: str) -> _Slice:
