@@ -8,6 +8,7 @@ import json
 import os
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -276,3 +277,37 @@ def test_a_gpu_loop_is_read_ahead_and_bit_identical(tmp_path, framework):
         assert f._ahead.hits >= len(names) - 3
     for k, t in got.items():
         same(host(t), d[k])
+
+
+def test_a_forked_child_reads_what_its_parent_had_read_ahead(tmp_path):
+    """Reads ahead belong to the process that started them: a child forked with some in flight
+    (a DataLoader worker, a multiprocessing pool) read them itself, where its calls failed with
+    'started by process N before it forked'; the parent goes on with its own."""
+    d = layers(20)
+    path = checkpoint(tmp_path, d)
+    names = sorted(d)
+    with fs.safe_open(path, "numpy") as f:
+        for k in names[:3]:
+            same(f.get_tensor(k), d[k])
+        assert f._ahead._ahead  # reads ahead when the fork comes
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 0 only if every tensor is right
+            code = 1
+            try:
+                for k in names[3:12]:
+                    same(f.get_tensor(k), d[k])
+                code = 0
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 60
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the child hung")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        hits = f._ahead.hits
+        for k in names[3:]:
+            same(f.get_tensor(k), d[k])
+        assert f._ahead.hits > hits  # the parent's reads ahead still serve it

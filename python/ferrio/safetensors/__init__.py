@@ -99,8 +99,17 @@ _MAX_HEADER_BYTES = 100_000_000
 # Shards opened (and their headers read) at once: each is a round trip or two to a store.
 _HEADER_THREADS = 16
 
-# Held while a `safe_open` makes its read-ahead state, on its first `get_tensor`.
+# Held while a `safe_open` makes its read-ahead state, on its first `get_tensor`; a new one in
+# a forked child (a thread of the parent may have held it at the fork).
 _AHEAD_MADE = threading.Lock()
+
+
+def _new_ahead_lock() -> None:
+    global _AHEAD_MADE
+    _AHEAD_MADE = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_ahead_lock)
 
 
 _Run = tuple[str, int, int, int]  # path, file begin, file end, where in the buffer

@@ -12,12 +12,18 @@ What a caller gets is unchanged: each tensor has its own buffer, allocated as ``
 would, and a read's error is raised by the call that asks for that tensor. Tensors read ahead
 that the caller skips are let go (after their reads end); a call that goes backwards counts
 as a miss, and after ``_MISSES_TO_STOP`` of them this handle reads no further ahead.
+
+A forked child starts with none read ahead: the reads it inherited belong to the parent (their
+futures fail in the child, and the child's copy of their memory holds whatever had arrived at
+the fork), so it reads those tensors itself, and its lock is a new one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +104,7 @@ class ReadAhead:
         self._bytes = 0  # bytes of `_ahead`
         self._misses = 0
         self.hits = 0  # calls served by a read started ahead (for tests and benchmarks)
+        _LIVE.add(self)
 
     def get(self, t: _Tensor) -> Any:
         """Return tensor `t` in memory of its own, reading ahead where the calls follow order."""
@@ -198,7 +205,27 @@ class ReadAhead:
             self._bytes += t.nbytes
             self._next += 1
 
+    def _forget_in_child(self) -> None:
+        """In a forked child: drop the parent's reads without waiting, and take a new lock."""
+        self._lock = threading.Lock()
+        self._ahead.clear()
+        self._bytes = 0
+        self._order = None
+        self._last = None
+
     def _pop_first(self) -> TensorRead:
         read = self._ahead.popleft()
         self._bytes -= read.tensor.nbytes
         return read
+
+
+# Every live ReadAhead, for the fork hook below.
+_LIVE: weakref.WeakSet[ReadAhead] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for ahead in list(_LIVE):
+        ahead._forget_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
