@@ -26,8 +26,8 @@ import time
 
 GIB = 1 << 30
 LOADERS = ["safetensors", "fastsafetensors", "runai", "instanttensor", "ferrio"]
-# Also accepted (not in the default list): "ferrio-window", "ferrio-get-parts" and
-# "ferrio-get-ahead", research probes (see CHILD), and "ferrio-safe_open" /
+# Also accepted (not in the default list): "ferrio-window" and "ferrio-get-parts", research
+# probes (see CHILD), and "ferrio-safe_open" /
 # "safetensors-safe_open": one `get_tensor` per name through `safe_open` (with "-via-cpu":
 # into host memory, each tensor then copied to the device, as vLLM's default loader does).
 
@@ -75,15 +75,13 @@ try:
                         t = f.get_tensor(k)
                         out[k] = t.to(device) if via_cpu else t
             return out
-    elif loader in ("ferrio-get-parts", "ferrio-get-ahead"):
-        # Research only: the safe_open loop's reads made by hand, to tell its costs apart.
-        # "parts": per tensor, a CUDA tensor of its own, then one synchronous `File.read`
-        # (what `get_tensor` does), the two timed apart (alloc_s, read_s). "ahead": the same
-        # tensors and reads, but each read started as soon as the reads in flight hold less
-        # than a window (256 MiB), and waited for in file order: a loop that reads ahead.
-        import collections, ferrio
+    elif loader == "ferrio-get-parts":
+        # Research only: the safe_open loop's reads made by hand, to tell its costs apart: per
+        # tensor, a CUDA tensor of its own, then one synchronous `File.read` (what `get_tensor`
+        # did before it read ahead), the two timed apart (alloc_s, read_s). (Session 32's
+        # "ferrio-get-ahead" probe became `get_tensor`'s own read-ahead: `ferrio-safe_open`.)
+        import ferrio
         from ferrio.safetensors import safetensors_read_header
-        WINDOW = 256 << 20
         def entries(path):
             start, _, tensors = safetensors_read_header(path)
             return sorted((start + b, start + e, name) for name, _, _, b, e in tensors)
@@ -91,25 +89,14 @@ try:
             out, alloc_s, read_s = {}, 0.0, 0.0
             for path in files:
                 f = ferrio.open(path)
-                pending, in_flight = collections.deque(), 0
                 for begin, end, name in entries(path):
                     t0 = time.perf_counter()
                     buf = torch.empty(end - begin, dtype=torch.uint8, device=device)
                     t1 = time.perf_counter()
                     alloc_s += t1 - t0
-                    if loader == "ferrio-get-parts":
-                        f.read(buf, offset=begin)
-                        read_s += time.perf_counter() - t1
-                    else:
-                        while pending and in_flight >= WINDOW:
-                            size, fut = pending.popleft()
-                            fut.result()
-                            in_flight -= size
-                        pending.append((end - begin, f.pread(buf, offset=begin)))
-                        in_flight += end - begin
+                    f.read(buf, offset=begin)
+                    read_s += time.perf_counter() - t1
                     out[name] = buf
-                for _, fut in pending:
-                    fut.result()
                 f.close()
             parts.update(alloc_s=alloc_s, read_s=read_s, tensors=len(out))
             return out
