@@ -207,10 +207,6 @@ pub struct Settings {
     /// Bytes of tensors a safetensors `safe_open` reads ahead of `get_tensor` calls that come
     /// in file or `keys()` order (Python's `ferrio.safetensors`); 0: none.
     pub tensor_read_ahead: u64,
-    /// Pinned host memory in use (torch's pinned allocator, over the process) up to which the
-    /// torch host tensors of a safetensors `safe_open.get_tensor` are pinned, where the process
-    /// already uses CUDA (Python's `ferrio.safetensors`); 0: never.
-    pub pinned_tensor_limit: u64,
 }
 
 impl Default for Settings {
@@ -245,7 +241,6 @@ impl Default for Settings {
             remote_retries: 0,
             remote_retry_timeout: Duration::ZERO,
             tensor_read_ahead: 0,
-            pinned_tensor_limit: 0,
         };
         for info in SETTINGS {
             let parsed = (info.set)(&mut s, info.default);
@@ -639,20 +634,6 @@ pub const SETTINGS: &[SettingInfo] = &[
         get: |s| s.tensor_read_ahead.to_string(),
         set: |s, v| {
             s.tensor_read_ahead = size(v, 0, SIZE_FORMS)?;
-            Ok(())
-        },
-    },
-    SettingInfo {
-        name: "pinned_tensor_limit",
-        env: "FERRIO_PINNED_TENSOR_LIMIT",
-        unit: "bytes (0 = never)",
-        default: "2 GiB",
-        doc: "pinned host memory in use (torch's pinned allocator) up to which the torch host \
-              tensors of safe_open.get_tensor are pinned, in a process that already uses CUDA, \
-              so that copies of them to a GPU run at the link's rate",
-        get: |s| s.pinned_tensor_limit.to_string(),
-        set: |s, v| {
-            s.pinned_tensor_limit = size(v, 0, SIZE_FORMS)?;
             Ok(())
         },
     },

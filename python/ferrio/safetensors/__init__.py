@@ -648,7 +648,6 @@ class safe_open:  # the name of safetensors' class
         self._ahead: ReadAhead | None = None  # made by the first get_tensor
         # A snapshot at open, as a file takes its settings when it is opened.
         self._read_ahead = int(ferrio.config.get("tensor_read_ahead"))
-        self._pinned_limit = int(ferrio.config.get("pinned_tensor_limit"))
         if process_group is None:
             self._fw = _framework(framework, device)
             self._ckpt = _Checkpoint(filename, tensor_filter)
@@ -744,20 +743,13 @@ class safe_open:  # the name of safetensors' class
         (``FERRIO_TENSOR_READ_AHEAD``, 1 GiB; 0 turns it off), and at least one tensor. Each
         still gets memory of its own; tensors read ahead but never asked for are freed when the
         caller skips past them or the file is closed.
-
-        A torch host tensor (``device="cpu"``) is in pinned memory, from torch's pinned
-        allocator, where the process already uses CUDA and its pinned memory in use stays
-        within the ``pinned_tensor_limit`` setting as it was at open
-        (``FERRIO_PINNED_TENSOR_LIMIT``, 2 GiB; 0: never): a copy of it to a GPU, the usual
-        next step, then runs at the link's rate. Freeing it returns the memory to torch's
-        pinned cache, which keeps it for the next pinned tensor.
         """
         t = self._info(name)
         ckpt = self._open_ckpt()
         if self._ahead is None:
             with _AHEAD_MADE:  # threads whose first calls race make one, not one each
                 if self._ahead is None:
-                    self._ahead = ReadAhead(self._fw, ckpt, self._read_ahead, self._pinned_limit)
+                    self._ahead = ReadAhead(self._fw, ckpt, self._read_ahead)
         return self._ahead.get(t)
 
     def get_slice(self, name: str) -> _Slice:

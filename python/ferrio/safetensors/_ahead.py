@@ -56,11 +56,11 @@ class TensorRead:
 
     __slots__ = ("at", "buf", "future", "tensor")
 
-    def __init__(self, fw: Framework, ckpt: _Checkpoint, t: _Tensor, pinned_limit: int = 0) -> None:
+    def __init__(self, fw: Framework, ckpt: _Checkpoint, t: _Tensor) -> None:
         fw.check_dtype(t.name, t.dtype)
         self.tensor = t
         self.at = t.begin % 8
-        self.buf = fw.empty_tensor(self.at + t.nbytes, pinned_limit)
+        self.buf = fw.empty(self.at + t.nbytes)
         self.future: ferrio.IOFuture | None = None
         if t.nbytes:
             target = fw.target(self.buf, self.at, self.at + t.nbytes)
@@ -92,11 +92,8 @@ class ReadAhead:
     happens outside the lock, so threads that ask for different tensors do not queue.
     """
 
-    def __init__(
-        self, fw: Framework, ckpt: _Checkpoint, window: int, pinned_limit: int = 0
-    ) -> None:
+    def __init__(self, fw: Framework, ckpt: _Checkpoint, window: int) -> None:
         self._fw, self._ckpt, self._window = fw, ckpt, window
-        self._pinned_limit = pinned_limit  # host tensors: see Framework.empty_tensor
         self._orders = (list(ckpt.order), sorted(ckpt.tensors))
         self._where = tuple({n: i for i, n in enumerate(o)} for o in self._orders)
         self._lock = threading.Lock()
@@ -118,7 +115,7 @@ class ReadAhead:
         for r in let_go:
             r.settle()
         if read is None:  # not read ahead: read it now, as a call without read-ahead does
-            read = TensorRead(self._fw, self._ckpt, t, self._pinned_limit)
+            read = TensorRead(self._fw, self._ckpt, t)
         return read.take(self._fw)
 
     def close(self) -> None:
@@ -185,7 +182,7 @@ class ReadAhead:
         call then reads it outside the lock and raises what the read raises.
         """
         try:
-            return TensorRead(self._fw, self._ckpt, t, self._pinned_limit)
+            return TensorRead(self._fw, self._ckpt, t)
         except Exception:
             return None
 
@@ -199,7 +196,7 @@ class ReadAhead:
             if self._ahead and self._bytes + t.nbytes > self._window:
                 break
             try:
-                read = TensorRead(self._fw, self._ckpt, t, self._pinned_limit)
+                read = TensorRead(self._fw, self._ckpt, t)
             except Exception:
                 # Out of memory, or a dtype this library lacks: the call that asks for it
                 # reads it alone and raises then. Nothing more ahead for now.

@@ -64,10 +64,6 @@ _ML_DTYPES_NAMES = {
 
 FRAMEWORKS = ("pt", "torch", "numpy", "np", "cupy", "cp")
 
-# Host tensors smaller than this are never pinned (Torch.empty_tensor): their copies to a GPU
-# take microseconds either way, and asking torch how much is pinned costs as much again.
-_PIN_FROM = 1 << 20
-
 
 def numpy_dtype(np: Any, dtype: str) -> Any:
     """Return the numpy dtype of safetensors' `dtype`, or None.
@@ -125,14 +121,6 @@ class Framework:
         """Return a new uint8 buffer of `nbytes` on the device."""
         raise NotImplementedError
 
-    def empty_tensor(self, nbytes: int, pinned_limit: int) -> Any:
-        """Return a new uint8 buffer of `nbytes` for one tensor of ``get_tensor``.
-
-        As :meth:`empty`, except where a library can pin host memory (see :class:`Torch`).
-        """
-        del pinned_limit
-        return self.empty(nbytes)
-
     def target(self, buf: Any, begin: int, end: int) -> Any:
         """Return what ``File.pread`` fills for bytes `begin`..`end` of `buf`."""
         raise NotImplementedError
@@ -182,37 +170,6 @@ class Torch(Framework):
 
     def empty(self, nbytes: int) -> Any:
         return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
-
-    def empty_tensor(self, nbytes: int, pinned_limit: int) -> Any:
-        """Return a host buffer in pinned memory where that is allowed, else as :meth:`empty`.
-
-        Allowed: the process already uses CUDA, and its pinned memory in use (torch's pinned
-        allocator) stays within `pinned_limit` bytes with this buffer.
-
-        A host tensor read one by one is usually copied to a GPU next (vLLM's default loader,
-        ``param.copy_(t)``), and from pageable memory that copy is what sets the pace: the
-        loop reads at 3.8 GiB/s on the H200 into fresh memory and at 7.3 into pinned
-        (benchmarks/RESULTS.md, Checkpoints, session 34). torch tracks the copies from its
-        pinned blocks, so a freed block is reused only once they are done; it keeps freed
-        blocks for reuse, as for any pinned tensor.
-        """
-        torch = self.torch
-        if self.kind == "cpu" and nbytes >= _PIN_FROM and self._may_pin(nbytes, pinned_limit):
-            try:
-                return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-            except RuntimeError:  # no pinned memory to be had: pageable serves as well
-                pass
-        return self.empty(nbytes)
-
-    def _may_pin(self, nbytes: int, pinned_limit: int) -> bool:
-        torch = self.torch
-        if pinned_limit <= 0 or not torch.cuda.is_initialized():
-            return False  # pinning would make a CUDA context that nothing else needs
-        stats = getattr(torch.cuda.memory, "host_memory_stats", None)
-        if stats is None:  # a torch that cannot say how much is pinned: never more
-            return False
-        in_use = stats().get("active_bytes.current")
-        return in_use is not None and in_use + nbytes <= pinned_limit
 
     def target(self, buf: Any, begin: int, end: int) -> Any:
         part = buf[begin:end]
