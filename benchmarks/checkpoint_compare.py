@@ -29,7 +29,9 @@ LOADERS = ["safetensors", "fastsafetensors", "runai", "instanttensor", "ferrio"]
 # Also accepted (not in the default list): "ferrio-window" and "ferrio-get-parts", research
 # probes (see CHILD), and "ferrio-safe_open" /
 # "safetensors-safe_open": one `get_tensor` per name through `safe_open` (with "-via-cpu":
-# into host memory, each tensor then copied to the device, as vLLM's default loader does).
+# into host memory, each tensor then copied to the device, as vLLM's default loader does; with
+# "-cpu": into host memory only). A ferrio host loop takes CKPT_HOST_MEMORY (see CHILD):
+# "ferrio-safe_open-via-cpu@CKPT_HOST_MEMORY=pinned".
 
 # The child: argv = loader, device, files...; prints one JSON line.
 CHILD = r"""
@@ -67,10 +69,35 @@ try:
             from safetensors import safe_open
             opens = files
         via_cpu = loader.endswith("-via-cpu")
+        on_cpu = via_cpu or loader.endswith("-cpu")  # "-cpu": host tensors, not copied after
+        # Research only: where ferrio's host tensors live (CKPT_HOST_MEMORY; default: as
+        # get_tensor allocates them). "pinned": always torch's caching pinned allocator, with
+        # no limit (memory reused once freed); "ring": slices of one 2 GiB host buffer faulted
+        # in before the clock starts, reused in turn (only right for a loop that copies each
+        # tensor before 1 GiB more is read ahead: the ceiling of reused pageable memory).
+        host_memory = os.environ.get("CKPT_HOST_MEMORY")
+        if host_memory and loader.startswith("ferrio"):
+            from ferrio.safetensors import _frameworks
+            if host_memory == "pinned":
+                def empty(self, n):
+                    return torch.empty(n, dtype=torch.uint8, device=self.device,
+                                       pin_memory=self.device.type == "cpu")  # fmt: skip
+            elif host_memory == "ring":
+                ring, ring_at = torch.ones(2 << 30, dtype=torch.uint8), [0]
+                def empty(self, n):
+                    if self.device.type != "cpu":
+                        return torch.empty(n, dtype=torch.uint8, device=self.device)
+                    at = ring_at[0] if ring_at[0] + n <= ring.numel() else 0
+                    ring_at[0] = (at + n + 4095) // 4096 * 4096
+                    return ring[at:at + n]
+            else:
+                raise ValueError(f"CKPT_HOST_MEMORY={host_memory}")
+            _frameworks.Torch.empty = empty
+            _frameworks.Torch.empty_tensor = lambda self, n, limit: empty(self, n)
         def load():
             out = {}
             for target in opens:
-                with safe_open(target, framework="pt", device="cpu" if via_cpu else device) as f:
+                with safe_open(target, framework="pt", device="cpu" if on_cpu else device) as f:
                     for k in f.keys():
                         t = f.get_tensor(k)
                         out[k] = t.to(device) if via_cpu else t
