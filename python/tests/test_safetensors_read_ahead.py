@@ -249,6 +249,37 @@ def test_a_tensor_the_library_cannot_hold_fails_only_when_asked_for(tmp_path):
             f.get_tensor("b.half")
 
 
+def test_a_read_that_cannot_start_ahead_is_not_retried_on_every_call(tmp_path, monkeypatch):
+    """A tensor whose memory cannot be had (out of memory) is tried once ahead, then by the
+    call that asks for it, which raises; not again on each call in between (a GPU library's
+    out-of-memory path empties its whole cache each time). The reads go on after it."""
+    from ferrio.safetensors import _frameworks
+
+    d = layers(12)
+    d["layer.006.w"] = sample("float32", 5000, 6)  # the one size that cannot be had
+    path = checkpoint(tmp_path, d)
+    tries = []
+    plain = _frameworks.Numpy.empty
+
+    def empty(self, nbytes):
+        if nbytes >= 5000 * 4:
+            tries.append(nbytes)
+            raise MemoryError("no memory for this one")
+        return plain(self, nbytes)
+
+    monkeypatch.setattr(_frameworks.Numpy, "empty", empty)
+    with fs.safe_open(path, "numpy") as f:
+        names = f.keys()
+        for k in names:
+            if k == "layer.006.w":
+                with pytest.raises(MemoryError):
+                    f.get_tensor(k)
+            else:
+                same(f.get_tensor(k), d[k])
+        assert f._ahead.hits >= len(names) - 4  # read ahead before it and after it
+    assert len(tries) == 2, tries  # once ahead, once by the call that asks
+
+
 @pytest.mark.parametrize("framework", ["pt", "cupy"])
 def test_a_gpu_loop_is_read_ahead_and_bit_identical(tmp_path, framework):
     """The loop transformers and vLLM run, onto the GPU: reads ahead land in tensors of

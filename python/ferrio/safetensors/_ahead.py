@@ -103,6 +103,9 @@ class ReadAhead:
         self._next = 0  # position in the order of the next read to start
         self._bytes = 0  # bytes of `_ahead`
         self._misses = 0
+        # The position whose read could not start ahead (no memory, say), or None: not tried
+        # again until a call moves `_next` past the reads ahead.
+        self._stalled: int | None = None
         self.hits = 0  # calls served by a read started ahead (for tests and benchmarks)
         _LIVE.add(self)
 
@@ -114,6 +117,8 @@ class ReadAhead:
             self._top_up()
         for r in let_go:
             r.settle()
+        if isinstance(read, Exception):  # its read could not start: say why, once
+            raise read
         if read is None:  # not read ahead: read it now, as a call without read-ahead does
             read = TensorRead(self._fw, self._ckpt, t)
         return read.take(self._fw)
@@ -129,8 +134,10 @@ class ReadAhead:
         for r in let_go:
             r.settle()
 
-    def _claim(self, t: _Tensor, let_go: list[TensorRead]) -> TensorRead | None:
-        """Return the read of `t`: started ahead, started now, or None (the caller reads).
+    def _claim(self, t: _Tensor, let_go: list[TensorRead]) -> TensorRead | Exception | None:
+        """Return the read of `t`: started ahead or now, why it could not start, or None.
+
+        None: the caller reads `t` itself.
 
         Updates which order the calls follow. Reads ahead that are not wanted any more go to
         `let_go`, for the caller to settle outside the lock.
@@ -168,28 +175,30 @@ class ReadAhead:
 
     def _follow(
         self, order: int, pos: int, t: _Tensor, let_go: list[TensorRead]
-    ) -> TensorRead | None:
+    ) -> TensorRead | Exception:
         """Follow `order` from `t`, at position `pos` in it: the reads ahead start after it."""
         while self._ahead:
             let_go.append(self._pop_first())
         self._order, self._next = order, pos + 1
+        self._stalled = None
         return self._start(t)
 
-    def _start(self, t: _Tensor) -> TensorRead | None:
+    def _start(self, t: _Tensor) -> TensorRead | Exception:
         """Start `t`'s read now, before the reads ahead, so they overlap it.
 
-        None where it cannot start (no memory, a dtype this library lacks, a closed file): the
-        call then reads it outside the lock and raises what the read raises.
+        Where it cannot start (no memory, a dtype this library lacks, a closed file), the
+        error, for the call to raise outside the lock.
         """
         try:
             return TensorRead(self._fw, self._ckpt, t)
-        except Exception:
-            return None
+        except Exception as e:
+            return e
 
     def _top_up(self) -> None:
         """Start reads in the order followed until the window is full (at least one ahead)."""
-        if self._order is None:
+        if self._order is None or self._stalled == self._next:
             return
+        self._stalled = None
         order = self._orders[self._order]
         while self._next < len(order) and len(self._ahead) < _MOST_AHEAD:
             t = self._ckpt.tensors[order[self._next]]
@@ -199,7 +208,10 @@ class ReadAhead:
                 read = TensorRead(self._fw, self._ckpt, t)
             except Exception:
                 # Out of memory, or a dtype this library lacks: the call that asks for it
-                # reads it alone and raises then. Nothing more ahead for now.
+                # reads it alone and raises then. Nothing more ahead until the calls reach
+                # it: trying again on every call would fail as often (and a GPU library's
+                # out-of-memory path empties its cache each time).
+                self._stalled = self._next
                 break
             self._ahead.append(read)
             self._bytes += t.nbytes
