@@ -44,7 +44,6 @@ import json
 import numbers
 import os
 import stat
-import threading
 import urllib.parse
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -98,18 +97,6 @@ _MAX_HEADER_BYTES = 100_000_000
 
 # Shards opened (and their headers read) at once: each is a round trip or two to a store.
 _HEADER_THREADS = 16
-
-# Held while a `safe_open` makes its read-ahead state, on its first `get_tensor`; a new one in
-# a forked child (a thread of the parent may have held it at the fork).
-_AHEAD_MADE = threading.Lock()
-
-
-def _new_ahead_lock() -> None:
-    global _AHEAD_MADE
-    _AHEAD_MADE = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_ahead_lock)
 
 
 _Run = tuple[str, int, int, int]  # path, file begin, file end, where in the buffer
@@ -645,12 +632,12 @@ class safe_open:  # the name of safetensors' class
     ) -> None:
         del backend  # safetensors' mmap/pread choice; ferrio always reads in parallel
         self._group: _dist.Group | None = None
-        self._ahead: ReadAhead | None = None  # made by the first get_tensor
         # A snapshot at open, as a file takes its settings when it is opened.
-        self._read_ahead = int(ferrio.config.get("tensor_read_ahead"))
+        read_ahead = int(ferrio.config.get("tensor_read_ahead"))
         if process_group is None:
             self._fw = _framework(framework, device)
             self._ckpt = _Checkpoint(filename, tensor_filter)
+            self._ahead = ReadAhead(self._fw, self._ckpt, read_ahead)
             return
         kind: str | None = None
         index: int | None = None
@@ -662,6 +649,7 @@ class safe_open:  # the name of safetensors' class
             self._fw = _framework(framework, device)
             group.check_device(self._fw.kind)
             self._ckpt = _Checkpoint(filename, tensor_filter)
+            self._ahead = ReadAhead(self._fw, self._ckpt, read_ahead)
             ts = self._ordered()
             for t in ts:
                 self._fw.check_dtype(t.name, t.dtype)
@@ -744,13 +732,7 @@ class safe_open:  # the name of safetensors' class
         still gets memory of its own; tensors read ahead but never asked for are freed when the
         caller skips past them or the file is closed.
         """
-        t = self._info(name)
-        ckpt = self._open_ckpt()
-        if self._ahead is None:
-            with _AHEAD_MADE:  # threads whose first calls race make one, not one each
-                if self._ahead is None:
-                    self._ahead = ReadAhead(self._fw, ckpt, self._read_ahead)
-        return self._ahead.get(t)
+        return self._ahead.get(self._info(name))
 
     def get_slice(self, name: str) -> _Slice:
         """Return a lazy tensor: indexing it reads only the rows (first dimension) needed.

@@ -94,8 +94,10 @@ class ReadAhead:
 
     def __init__(self, fw: Framework, ckpt: _Checkpoint, window: int) -> None:
         self._fw, self._ckpt, self._window = fw, ckpt, window
-        self._orders = (list(ckpt.order), sorted(ckpt.tensors))
-        self._where = tuple({n: i for i, n in enumerate(o)} for o in self._orders)
+        # File order and keys() order, and each name's position in them: made by the first
+        # call (a handle used only for whole loads never needs them).
+        self._orders: tuple[list[str], ...] = ()
+        self._where: tuple[dict[str, int], ...] = ()
         self._lock = threading.Lock()
         self._last: str | None = None  # the name of the last call
         self._order: int | None = None  # index into `_orders` being followed, or None
@@ -113,6 +115,10 @@ class ReadAhead:
         """Return tensor `t` in memory of its own, reading ahead where the calls follow order."""
         let_go: list[TensorRead] = []
         with self._lock:
+            if not self._orders:
+                ckpt = self._ckpt
+                self._orders = (list(ckpt.order), sorted(ckpt.tensors))
+                self._where = tuple({n: i for i, n in enumerate(o)} for o in self._orders)
             read = self._claim(t, let_go)
             self._top_up()
         for r in let_go:
