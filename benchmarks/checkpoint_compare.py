@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -426,46 +427,22 @@ def run_python(code: str, args: list[str], env: dict | None = None, timeout: int
     return json.loads(lines[-1])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--dir", default="/tmp/ferrio-ckpt", help="where the checkpoints live")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--loaders", default=",".join(LOADERS))
-    ap.add_argument(
-        "--warm-loaders", help="loaders for the warm rows (default: --loaders; 'none': no rows)"
-    )
-    ap.add_argument(
-        "--cold-loaders", help="loaders for the cold rows (default: --loaders; 'none': no rows)"
-    )
-    ap.add_argument("--fio", help="a fio binary: adds its shapes (FIO_SHAPES) to the cold rows")
-    ap.add_argument("--fio-shapes", help="which of FIO_SHAPES, as 1-based numbers (e.g. 3,4,5)")
-    ap.add_argument(
-        "--reread",
-        action="store_true",
-        help="after each cold ferrio load that may keep (not cache=bypass), the same load again "
-        "in a new process with what it left in the page cache ('cold, read again' rows)",
-    )
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--checkpoints", choices=["both", "single", "4"], default="both",
-                    help="which checkpoints: both, the single file, or the 4 shards")  # fmt: skip
-    args = ap.parse_args()
-    fio_shapes = list(FIO_SHAPES)
-    if args.fio_shapes:
-        fio_shapes = [fio_shapes[int(i) - 1] for i in args.fio_shapes.split(",")]
-    # "none" leaves a mode's rows out (e.g. `--cold-loaders none` for a warm-only run).
-    cold = [] if args.cold_loaders == "none" else (args.cold_loaders or args.loaders).split(",")
-    by_mode = {
-        "warm": []
-        if args.warm_loaders == "none"
-        else (args.warm_loaders or args.loaders).split(","),
-        "cold": cold + (fio_shapes if args.fio and cold else []),
-    }
-    ckpts = make_checkpoints(args.dir, args.checkpoints)
-    results: dict[str, dict] = {}
-    can_drop = drop_caches()
+class _Stopped(Exception):
+    """The run was told to stop (SIGTERM)."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped
+
+
+def measure(
+    args: argparse.Namespace,
+    ckpts: dict[str, list[str]],
+    by_mode: dict[str, list[str]],
+    can_drop: bool,
+    results: dict[str, dict],
+) -> None:
+    """Every load of every round, alternating loaders; each result into `results` as it ends."""
     for ckpt, files in ckpts.items():
         total = sum(os.path.getsize(p) for p in files)
         for mode in ["warm", "cold"] if can_drop else ["warm"]:
@@ -514,6 +491,56 @@ def main() -> None:
                         rate = total / res["seconds"] / GIB if "seconds" in res else None
                         print(f"# {key} round {r}: {rate and round(rate, 2)} GiB/s {res}",
                               file=sys.stderr, flush=True)  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--dir", default="/tmp/ferrio-ckpt", help="where the checkpoints live")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--loaders", default=",".join(LOADERS))
+    ap.add_argument(
+        "--warm-loaders", help="loaders for the warm rows (default: --loaders; 'none': no rows)"
+    )
+    ap.add_argument(
+        "--cold-loaders", help="loaders for the cold rows (default: --loaders; 'none': no rows)"
+    )
+    ap.add_argument("--fio", help="a fio binary: adds its shapes (FIO_SHAPES) to the cold rows")
+    ap.add_argument("--fio-shapes", help="which of FIO_SHAPES, as 1-based numbers (e.g. 3,4,5)")
+    ap.add_argument(
+        "--reread",
+        action="store_true",
+        help="after each cold ferrio load that may keep (not cache=bypass), the same load again "
+        "in a new process with what it left in the page cache ('cold, read again' rows)",
+    )
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--checkpoints", choices=["both", "single", "4"], default="both",
+                    help="which checkpoints: both, the single file, or the 4 shards")  # fmt: skip
+    args = ap.parse_args()
+    fio_shapes = list(FIO_SHAPES)
+    if args.fio_shapes:
+        fio_shapes = [fio_shapes[int(i) - 1] for i in args.fio_shapes.split(",")]
+    # "none" leaves a mode's rows out (e.g. `--cold-loaders none` for a warm-only run).
+    cold = [] if args.cold_loaders == "none" else (args.cold_loaders or args.loaders).split(",")
+    by_mode = {
+        "warm": []
+        if args.warm_loaders == "none"
+        else (args.warm_loaders or args.loaders).split(","),
+        "cold": cold + (fio_shapes if args.fio and cold else []),
+    }
+    ckpts = make_checkpoints(args.dir, args.checkpoints)
+    results: dict[str, dict] = {}
+    can_drop = drop_caches()
+    # Cut short by the step's limit (`timeout` sends SIGTERM), the run still prints the medians
+    # of the loads it made, with how many rounds each had.
+    signal.signal(signal.SIGTERM, _stop)
+    stopped = False
+    try:
+        measure(args, ckpts, by_mode, can_drop, results)
+    except _Stopped:
+        stopped = True
     summary = {}
     for key, entry in results.items():
         ok = [r for r in entry["runs"] if "seconds" in r]
@@ -533,9 +560,13 @@ def main() -> None:
         if shapes:
             summary[key]["disk"] = {k: statistics.median(d[k] for d in shapes) for k in shapes[0]}
     if args.json:
-        print(json.dumps({"time": time.time(), "results": summary}, indent=1))
+        print(json.dumps({"time": time.time(), "stopped": stopped, "results": summary}, indent=1))
         return
-    print(f"{'checkpoint | cache | loader':<48} {'median s':>9} {'GiB/s':>7} {'peak GiB':>9}")
+    if stopped:
+        print("# stopped (SIGTERM) before every round ran: medians of the loads made")
+    print(
+        f"{'checkpoint | cache | loader':<48} {'median s':>9} {'GiB/s':>7} {'peak GiB':>9} rounds"
+    )
     for key, s in summary.items():
         if "median_seconds" in s:
             sec, rate, peak = s["median_seconds"], s["gib_per_s"], s["peak_gpu_gib"]
@@ -544,7 +575,7 @@ def main() -> None:
                      f"in flight, {disk['latency_ms']:.2f} ms each, "
                      f"{disk.get('read_gib', 0):.2f} GiB read at "
                      f"{disk.get('busy_gib_per_s', 0):.2f} GiB/s busy" if disk else "")  # fmt: skip
-            print(f"{key:<48} {sec:>9.2f} {rate:>7.2f} {peak:>9.2f}{shape}")
+            print(f"{key:<48} {sec:>9.2f} {rate:>7.2f} {peak:>9.2f} {s['rounds']:>6}{shape}")
         else:
             print(f"{key:<48} {s['status']}: {s['detail']}")
 
