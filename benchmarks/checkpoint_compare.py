@@ -9,7 +9,10 @@ CUDA context first (torch.cuda.init() and a tiny allocation), then times from ju
 load call to after torch.cuda.synchronize(), and reports torch.cuda.max_memory_allocated().
 A loader whose import fails is reported as missing. Cold rows also say what the disk saw
 (/proc/diskstats) during the load: the mean request size, requests in flight while busy, time
-per request, bytes read and the rate while busy.
+per request, bytes read and the rate while busy. A loader or fio shape named with
+`@QUEUE_NAME=VALUE` options (`ferrio@CACHE=bypass+QUEUE_NOMERGES=2`) runs with the disk's
+/sys/block/DEV/queue/NAME set to VALUE, put back after its load: a probe of what the disk's
+queue does to a read shape, beside the same loader without it.
 
     python3 benchmarks/checkpoint_compare.py --dir /data/ckpt --rounds 3 [--json]
 """
@@ -17,6 +20,7 @@ per request, bytes read and the rate while busy.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -24,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 GIB = 1 << 30
 LOADERS = ["safetensors", "fastsafetensors", "runai", "instanttensor", "ferrio"]
@@ -349,6 +354,49 @@ def disk_counters(path: str) -> list[int] | None:
     return None
 
 
+def queue_options(loader: str) -> tuple[str, dict[str, str]]:
+    """`loader` without its `QUEUE_NAME=VALUE` options, and those as {name: value}."""
+    base, _, opts = loader.partition("@")
+    kept, queue = [], {}
+    for kv in filter(None, opts.split("+")):
+        name, _, value = kv.partition("=")
+        if name.upper().startswith("QUEUE_"):
+            queue[name[len("QUEUE_") :].lower()] = value
+        else:
+            kept.append(kv)
+    return (f"{base}@{'+'.join(kept)}" if kept else base), queue
+
+
+@contextlib.contextmanager
+def queue_settings(path: str, settings: dict[str, str]) -> Iterator[None]:
+    """The queue settings of the disk holding `path` (/sys/block/DEV/queue/NAME: a partition's
+    are its disk's) set to `settings` for the block, and put back after it."""
+    if not settings:
+        yield
+        return
+    dev = os.stat(path).st_dev
+    node = os.path.realpath(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    queue = next(
+        (q for q in (f"{node}/queue", f"{os.path.dirname(node)}/queue") if os.path.isdir(q)), None
+    )
+    if queue is None:
+        raise RuntimeError(f"{path}: no block queue in sysfs to set {settings}")
+    old: dict[str, str] = {}
+    try:
+        for name, value in settings.items():
+            with open(f"{queue}/{name}") as f:
+                was = f.read().strip()
+            # `scheduler` reads as every choice with the one in use in brackets.
+            old[name] = was[was.index("[") + 1 : was.index("]")] if "[" in was else was
+            with open(f"{queue}/{name}", "w") as f:
+                f.write(value)
+        yield
+    finally:
+        for name, value in old.items():
+            with open(f"{queue}/{name}", "w") as f:
+                f.write(value)
+
+
 def pages_activated() -> int | None:
     """/proc/vmstat's `pgactivate`: pages the kernel has moved to its active list so far. The
     first warm load after the checkpoint is written is the second access to its pages (`dd`,
@@ -456,12 +504,18 @@ def measure(
                         warm(files)
                     else:
                         drop_caches()
+                    name, queue = queue_options(loader)
                     before = disk_counters(files[0])
                     activated = pages_activated()
-                    if loader in FIO_SHAPES:
-                        res = run_fio(args.fio, loader, files)
-                    else:
-                        res = run_child(loader, args.device, files)
+                    with queue_settings(files[0], queue):
+                        if name in FIO_SHAPES:
+                            res = (
+                                run_fio(args.fio, name, files)
+                                if args.fio
+                                else {"error": "a fio shape needs --fio"}
+                            )
+                        else:
+                            res = run_child(name, args.device, files)
                     if mode == "cold":
                         # A loader's own counters cover its load alone; the process's also
                         # its start (Python's and torch's libraries, read from the disk again).
