@@ -562,7 +562,11 @@ def main() -> None:
         "--cold-loaders", help="loaders for the cold rows (default: --loaders; 'none': no rows)"
     )
     ap.add_argument("--fio", help="a fio binary: adds its shapes (FIO_SHAPES) to the cold rows")
-    ap.add_argument("--fio-shapes", help="which of FIO_SHAPES, as 1-based numbers (e.g. 3,4,5)")
+    ap.add_argument(
+        "--fio-shapes",
+        help="which of FIO_SHAPES, as 1-based numbers (e.g. 3,4,5), or 'none' (only those named "
+        "in the loaders, as 'fio O_DIRECT bs 512 KiB iodepth 16@QUEUE_NOMERGES=2' may be)",
+    )
     ap.add_argument(
         "--reread",
         action="store_true",
@@ -574,7 +578,9 @@ def main() -> None:
                     help="which checkpoints: both, the single file, or the 4 shards")  # fmt: skip
     args = ap.parse_args()
     fio_shapes = list(FIO_SHAPES)
-    if args.fio_shapes:
+    if args.fio_shapes == "none":  # only the fio shapes named among the loaders
+        fio_shapes = []
+    elif args.fio_shapes:
         fio_shapes = [fio_shapes[int(i) - 1] for i in args.fio_shapes.split(",")]
     # "none" leaves a mode's rows out (e.g. `--cold-loaders none` for a warm-only run).
     cold = [] if args.cold_loaders == "none" else (args.cold_loaders or args.loaders).split(",")
