@@ -354,16 +354,17 @@ def disk_counters(path: str) -> list[int] | None:
     return None
 
 
+def loader_options(loader: str) -> tuple[str, list[tuple[str, str]]]:
+    """A loader's name and its options, in order: "NAME@A=1+B=2" -> ("NAME", [("A", "1"), ...])."""
+    base, _, opts = loader.partition("@")
+    return base, [(n, v) for n, _, v in (kv.partition("=") for kv in opts.split("+") if kv)]
+
+
 def queue_options(loader: str) -> tuple[str, dict[str, str]]:
     """`loader` without its `QUEUE_NAME=VALUE` options, and those as {name: value}."""
-    base, _, opts = loader.partition("@")
-    kept, queue = [], {}
-    for kv in filter(None, opts.split("+")):
-        name, _, value = kv.partition("=")
-        if name.upper().startswith("QUEUE_"):
-            queue[name[len("QUEUE_") :].lower()] = value
-        else:
-            kept.append(kv)
+    base, opts = loader_options(loader)
+    queue = {n[len("QUEUE_") :].lower(): v for n, v in opts if n.upper().startswith("QUEUE_")}
+    kept = [f"{n}={v}" for n, v in opts if not n.upper().startswith("QUEUE_")]
     return (f"{base}@{'+'.join(kept)}" if kept else base), queue
 
 
@@ -437,10 +438,9 @@ def run_child(loader: str, device: str, files: list[str]) -> dict:
     # (PYTHONPATH as itself: another build of ferrio to compare against; CKPT_IMPORT_EARLY=1
     # imports the loader before the CUDA context is made, as a script's imports do). Another
     # loader's variables go as they are written ("fastsafetensors@FASTSAFETENSORS_ODIRECT=0").
-    base, _, opts = loader.partition("@")
+    base, opts = loader_options(loader)
     env = dict(os.environ)
-    for kv in filter(None, opts.split("+")):
-        name, _, value = kv.partition("=")
+    for name, value in opts:
         # `ferrio@cache=bypass` sets FERRIO_CACHE; so does `ferrio@FERRIO_CACHE=bypass` (which
         # became FERRIO_FERRIO_CACHE, ignored, in session 26's runs 4-5).
         ferrio_setting = (
@@ -533,7 +533,7 @@ def measure(
                     if mode == "cold" and args.reread and keeps:
                         # What the cold load left in the page cache, read by a new process.
                         activated = pages_activated()
-                        again = run_child(loader, args.device, files)
+                        again = run_child(name, args.device, files)
                         if activated is not None and (now := pages_activated()) is not None:
                             again["pages_activated"] = now - activated
                         loads.append((f"{ckpt} | cold, read again | {loader}", again))
