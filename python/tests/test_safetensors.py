@@ -193,6 +193,43 @@ def test_a_missing_or_broken_shard_is_named_and_nothing_stays_open(tmp_path):
     assert len(os.listdir("/proc/self/fd")) == fds
 
 
+def test_shards_open_one_after_another_while_quick_and_at_once_after_a_slow_one():
+    """A warm shard opens faster than a pool's thread takes the call, so shards open in the
+    caller's thread; from the first open as slow as a cold disk's or a store's, the rest go
+    several at once (here three that can only finish together), results in file order."""
+    import threading
+
+    caller, threads = threading.get_ident(), set()
+
+    def quick(i):
+        threads.add(threading.get_ident())
+        return 2 * i
+
+    with fs._Calls(5, pooled=False) as calls:
+        assert calls.map(quick, range(5)) == [0, 2, 4, 6, 8]
+    assert threads == {caller}
+
+    together = threading.Barrier(3, timeout=30)
+
+    def slow_then_together(i):
+        threads.add(threading.get_ident())
+        if i == 1:
+            time.sleep(10 * fs._QUICK_S)
+        if i >= 2:
+            together.wait()  # breaks (an error) unless items 2-4 run at once
+        return 2 * i
+
+    threads.clear()
+    with fs._Calls(5, pooled=False) as calls:
+        assert calls.map(slow_then_together, range(5)) == [0, 2, 4, 6, 8]
+        assert calls.map(quick, [7]) == [14]  # the pool stays for the headers
+    assert caller in threads and len(threads) >= 4
+    threads.clear()
+    with fs._Calls(2, pooled=True) as calls:  # several objects of a store
+        assert calls.map(quick, range(2)) == [0, 2]
+    assert caller not in threads
+
+
 def test_more_shards_than_the_soft_limit_on_open_files_load(tmp_path):
     """Every shard stays open until the load ends (one descriptor each, and a second opened
     at its first direct read): a checkpoint of more shards than `ulimit -n` allows loads where
