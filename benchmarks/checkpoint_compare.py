@@ -12,7 +12,9 @@ A loader whose import fails is reported as missing. Cold rows also say what the 
 per request, bytes read and the rate while busy. A loader or fio shape named with
 `@QUEUE_NAME=VALUE` options (`ferrio@CACHE=bypass+QUEUE_NOMERGES=2`) runs with the disk's
 /sys/block/DEV/queue/NAME set to VALUE, put back after its load: a probe of what the disk's
-queue does to a read shape, beside the same loader without it.
+queue does to a read shape, beside the same loader without it. Below the table, issue 16's
+targets from this run's medians: ferrio's defaults warm against 45 GiB/s and safetensors, cold
+against the best peer and the best fio shape.
 
     python3 benchmarks/checkpoint_compare.py --dir /data/ckpt --rounds 3 [--json]
 """
@@ -547,6 +549,45 @@ def measure(
                               file=sys.stderr, flush=True)  # fmt: skip
 
 
+# The peers of issue 16's cold target, and its yardsticks (GiB/s).
+PEERS = ["safetensors", "fastsafetensors", "runai", "instanttensor"]
+WARM_TARGET, WARM_TIMES_SAFETENSORS, COLD_TIMES_FIO = 45.0, 9.0, 0.95
+
+
+def target_lines(summary: dict[str, dict]) -> list[str]:
+    """Issue 16's targets from the medians of this run, per checkpoint.
+
+    Warm: ferrio's defaults against 45 GiB/s and 9x safetensors. Cold: against the best of the
+    peers and 0.95x the best fio shape that ran (the plain shapes, not those with @options).
+    """
+    rate = {k: s["gib_per_s"] for k, s in summary.items() if "gib_per_s" in s}
+    lines = []
+    for ckpt in dict.fromkeys(k.split(" | ")[0] for k in rate):
+
+        def of(mode: str, loader: str, ckpt: str = ckpt) -> float | None:
+            return rate.get(f"{ckpt} | {mode} | {loader}")
+
+        if (warm := of("warm", "ferrio")) is not None:
+            line = f"{ckpt} | warm: ferrio {warm:.2f} GiB/s, {warm / WARM_TARGET:.3f}x"
+            line += f" the {WARM_TARGET:g} GiB/s target"
+            if (st := of("warm", "safetensors")) is not None:
+                line += f", {warm / st:.1f}x safetensors (target {WARM_TIMES_SAFETENSORS:g}x)"
+            lines.append(line)
+        if (cold := of("cold", "ferrio")) is not None:
+            line = f"{ckpt} | cold: ferrio {cold:.2f} GiB/s"
+            peers = {p: r for p in PEERS if (r := of("cold", p)) is not None}
+            if peers:
+                best = max(peers, key=lambda p: peers[p])
+                line += f", {cold / peers[best]:.2f}x the best peer ({best} {peers[best]:.2f})"
+            fios = {f: r for f in FIO_SHAPES if (r := of("cold", f)) is not None}
+            if fios:
+                best = max(fios, key=lambda f: fios[f])
+                line += (f", {cold / fios[best]:.2f}x fio's best shape ({best} {fios[best]:.2f};"
+                         f" target {COLD_TIMES_FIO:g}x)")  # fmt: skip
+            lines.append(line)
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -638,6 +679,8 @@ def main() -> None:
             print(f"{key:<48} {sec:>9.2f} {rate:>7.2f} {peak:>9.2f} {s['rounds']:>6}{shape}")
         else:
             print(f"{key:<48} {s['status']}: {s['detail']}")
+    for line in target_lines(summary):
+        print(line)
 
 
 if __name__ == "__main__":
