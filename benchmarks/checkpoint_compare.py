@@ -549,8 +549,8 @@ def measure(
                               file=sys.stderr, flush=True)  # fmt: skip
 
 
-# The peers of issue 16's cold target, and its yardsticks (GiB/s).
-PEERS = ["safetensors", "fastsafetensors", "runai", "instanttensor"]
+# The peers of issue 16's cold target (every loader but ferrio), and its yardsticks (GiB/s).
+PEERS = [name for name in LOADERS if name != "ferrio"]
 WARM_TARGET, WARM_TIMES_SAFETENSORS, COLD_TIMES_FIO = 45.0, 9.0, 0.95
 
 
