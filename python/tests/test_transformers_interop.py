@@ -16,7 +16,7 @@ st_torch = pytest.importorskip("safetensors.torch")
 import ferrio.safetensors.torch as fst  # noqa: E402
 
 
-def tiny_llama(seed: int):  # type: ignore[no-untyped-def]
+def tiny_llama(seed: int, tie: bool = False):  # type: ignore[no-untyped-def]
     config = transformers.LlamaConfig(
         vocab_size=128,
         hidden_size=64,
@@ -25,7 +25,7 @@ def tiny_llama(seed: int):  # type: ignore[no-untyped-def]
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie,
     )
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(config).eval()
@@ -114,3 +114,23 @@ def test_model_loads_onto_the_gpu(tmp_path, sharded):
     same_tensors(state, expected)
     # The outputs are compared on the CPU, where the kernels are the same for both models.
     check_loads_into_a_fresh_model(model, {k: v.cpu() for k, v in state.items()})
+
+
+def test_tied_model_saves_and_loads_with_save_model_and_load_model(tmp_path):
+    """The output projection tied to the embedding: `save_model` writes it once, in the bytes
+    `safetensors.torch.save_model` writes, and `load_model` restores both names; a file
+    `save_pretrained` wrote (it keeps the embedding's name) loads as well."""
+    model = tiny_llama(seed=0, tie=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    fst.save_model(model, ours)
+    st_torch.save_model(model, str(theirs))
+    assert ours.read_bytes() == theirs.read_bytes()
+    save(model, tmp_path / "pretrained")
+    for path in (ours, tmp_path / "pretrained" / "model.safetensors"):
+        fresh, other = tiny_llama(seed=1, tie=True), tiny_llama(seed=1, tie=True)
+        assert not torch.equal(logits(fresh), logits(model))
+        got = fst.load_model(fresh, path)
+        assert got == st_torch.load_model(other, str(path)) == (set(), []), path
+        assert fresh.lm_head.weight is fresh.model.embed_tokens.weight
+        assert torch.equal(logits(fresh), logits(model)), path

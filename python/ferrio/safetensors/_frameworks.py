@@ -314,7 +314,8 @@ def check_not_shared(tensors: dict[str, Any]) -> None:
         if dev_a == dev_b and start_b < end_a:
             raise RuntimeError(
                 f"Some tensors share memory: {name_a!r} and {name_b!r}; saving both would "
-                "duplicate it on disk. Save one, or clone them."
+                "duplicate it on disk. Save one, or clone them; a module's tied weights are "
+                "saved once by ferrio.safetensors.torch.save_model(model, filename)."
             )
 
 

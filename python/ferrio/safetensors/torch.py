@@ -2,18 +2,29 @@
 
 ``from ferrio.safetensors.torch import load_file, save_file`` loads into torch tensors on the
 CPU or a GPU (``device="cuda:0"``); see :mod:`ferrio.safetensors` for ownership and sharding.
+``save_model`` and ``load_model`` save and load a module whose tensors share memory (tied
+weights), as ``safetensors.torch``'s do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ferrio.safetensors import PathLike, SafetensorError, safe_open, save, save_file
 from ferrio.safetensors import load as _load
 from ferrio.safetensors import load_file as _load_file
 
-__all__ = ["SafetensorError", "load", "load_file", "safe_open", "save", "save_file"]
+__all__ = [
+    "SafetensorError",
+    "load",
+    "load_file",
+    "load_model",
+    "safe_open",
+    "save",
+    "save_file",
+    "save_model",
+]
 
 
 def load_file(
@@ -37,3 +48,137 @@ def load_file(
 def load(data: bytes) -> dict[str, Any]:
     """Load torch tensors (CPU) from the bytes of a safetensors file."""
     return _load(data, framework="pt")
+
+
+def save_model(
+    model: Any,
+    filename: PathLike,
+    metadata: Mapping[str, str] | None = None,
+    force_contiguous: bool = True,
+) -> None:
+    """Save a module's ``state_dict()`` to `filename`, each shared tensor once.
+
+    Where names of the state dict share memory (tied weights: an ``lm_head.weight`` that is the
+    embedding's), one name is kept, the lexicographically first of those that cover their whole
+    storage, and the others are left out; the metadata maps each left-out name to the one kept
+    (a key the caller's `metadata` already has is not overwritten, and the caller's dict is not
+    changed). With `force_contiguous` (the default) tensors are saved as their contiguous values.
+    The bytes equal ``safetensors.torch.save_model``'s for the same module. Names that share
+    memory with none of them covering it all raise ``RuntimeError``, as in ``safetensors``;
+    a lone tensor that views part of its storage is saved as its own bytes, where
+    ``safetensors`` refuses it.
+    """
+    state = dict(model.state_dict())
+    meta = None if metadata is None else dict(metadata)
+    for kept, left_out in _names_to_leave_out(state).items():
+        for name in left_out:
+            meta = {} if meta is None else meta
+            meta.setdefault(name, kept)
+            del state[name]
+    if force_contiguous:
+        state = {k: v.contiguous() for k, v in state.items()}
+    try:
+        save_file(state, filename, metadata=meta)
+    except ValueError as e:
+        if force_contiguous or "non contiguous" not in str(e):
+            raise
+        raise ValueError(f"{e} Or use save_model(..., force_contiguous=True).") from e
+
+
+def load_model(
+    model: Any,
+    filename: PathLike | Sequence[PathLike],
+    strict: bool = True,
+    device: Any = "cpu",
+    *,
+    backend: str | None = None,
+) -> tuple[set[str], list[str]]:
+    """Load a checkpoint (file, directory of shards or index) into `model`'s tensors.
+
+    The file's tensors are read onto `device` (one buffer, freed when this returns), then
+    copied into the module's own with ``model.load_state_dict``. Names the module ties to
+    another one (as :func:`save_model` leaves them out) count as loaded when the name they
+    share memory with is in the file. Returns ``(missing, unexpected)`` as
+    ``safetensors.torch.load_model`` does: the set of the module's names the file did not
+    set and the list of the file's names the module has no use for. With `strict` either
+    being non-empty raises ``RuntimeError`` naming them.
+    """
+    loaded = load_file(filename, device=device)
+    ties = _names_to_leave_out(dict(model.state_dict()), preferred=loaded)
+    missing_names, unexpected = model.load_state_dict(loaded, strict=False)
+    missing = set(missing_names)
+    unexpected = list(unexpected)
+    for tied in ties.values():
+        for name in tied:
+            if name in missing:
+                missing.remove(name)
+            else:
+                unexpected.append(name)
+    if strict and (missing or unexpected):
+        lines = [f"Error(s) in loading state_dict for {type(model).__name__}:"]
+        if missing:
+            lines.append("Missing key(s) in state_dict: " + _quoted(sorted(missing)))
+        if unexpected:
+            lines.append("Unexpected key(s) in state_dict: " + _quoted(sorted(unexpected)))
+        raise RuntimeError("\n    ".join(lines))
+    return missing, unexpected
+
+
+def _quoted(names: Iterable[str]) -> str:
+    return ", ".join(f'"{n}"' for n in names)
+
+
+def _names_to_leave_out(
+    state: Mapping[str, Any], preferred: Iterable[str] = ()
+) -> dict[str, list[str]]:
+    """For each group of names whose tensors overlap in memory: the name kept -> the others.
+
+    The name kept covers its whole storage; among those, the first in sorted order of the
+    `preferred` names if any, else of all. Names sharing memory with none covering it all
+    raise ``RuntimeError`` (saving any one of them could not restore the others).
+    """
+    by_storage: dict[tuple[str, int, int], list[tuple[int, int, str]]] = {}
+    for name, t in state.items():
+        # Not a tensor (save_file names it), no memory, or no bytes to share.
+        if not hasattr(t, "untyped_storage") or t.device.type == "meta" or t.numel() == 0:
+            continue
+        storage = t.untyped_storage()
+        if storage.data_ptr() == 0:
+            continue
+        start = t.data_ptr()
+        end = start + t.numel() * t.element_size()
+        key = (str(t.device), storage.data_ptr(), storage.nbytes())
+        by_storage.setdefault(key, []).append((start, end, name))
+    wanted = set(preferred)
+    out: dict[str, list[str]] = {}
+    for (_, base, size), areas in by_storage.items():
+        for group in _overlapping(sorted(areas)):
+            if len(group) < 2:
+                continue
+            whole = sorted(n for n in group if _covers(state[n], base, size))
+            if not whole:
+                raise RuntimeError(
+                    f"tensors {sorted(group)} share memory and none of them covers all of it: "
+                    "saving one would lose the others' bytes; clone them apart first"
+                )
+            kept = next((n for n in whole if n in wanted), whole[0])
+            out[kept] = sorted(n for n in group if n != kept)
+    return out
+
+
+def _overlapping(areas: list[tuple[int, int, str]]) -> list[list[str]]:
+    """Group names of (start, end, name) areas sorted by start whose spans overlap."""
+    groups: list[list[str]] = []
+    reach = -1
+    for start, end, name in areas:
+        if groups and start < reach:
+            groups[-1].append(name)
+            reach = max(reach, end)
+        else:
+            groups.append([name])
+            reach = end
+    return groups
+
+
+def _covers(t: Any, base: int, size: int) -> bool:
+    return bool(t.data_ptr() == base and t.numel() * t.element_size() == size)

@@ -1,0 +1,157 @@
+"""`ferrio.safetensors.torch.save_model` / `load_model` against `safetensors.torch`'s: a module
+whose tensors share memory (tied weights) saves each shared tensor once, in the same bytes, and
+loads back with the same missing and unexpected names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+st_torch = pytest.importorskip("safetensors.torch")
+
+import ferrio.safetensors.torch as fst  # noqa: E402
+from ferrio.safetensors import safe_open  # noqa: E402
+
+
+class Tied(torch.nn.Module):  # type: ignore[misc]
+    """An embedding and an output projection that share one weight, as language models do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.norm = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):  # type: ignore[no-untyped-def]
+        return self.head(self.norm(self.embed(ids)))
+
+
+def tied(seed: int, device: str = "cpu") -> Tied:
+    torch.manual_seed(seed)
+    m = Tied().to(device).eval()
+    with torch.no_grad():  # LayerNorm starts at ones and zeros: make every tensor random
+        for p in m.parameters():
+            p.normal_()
+    return m
+
+
+def outputs(model):  # type: ignore[no-untyped-def]
+    ids = torch.arange(16, device=model.embed.weight.device).reshape(2, 8)
+    with torch.no_grad():
+        return model(ids)
+
+
+def devices() -> list[str]:
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def test_save_model_writes_the_bytes_of_safetensors_and_records_the_tie(tmp_path):
+    model = tied(0)
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    fst.save_model(model, ours)
+    st_torch.save_model(model, str(theirs))
+    assert ours.read_bytes() == theirs.read_bytes()
+    with safe_open(ours, "pt") as f:
+        assert sorted(f.keys()) == ["embed.weight", "norm.bias", "norm.weight"]
+        assert f.metadata() == {"head.weight": "embed.weight"}
+
+    # The caller's metadata: its keys win over the tie's note, and the dict is not changed.
+    mine = {"head.weight": "mine"}
+    fst.save_model(model, ours, metadata=mine)
+    st_torch.save_model(model, str(theirs), metadata=dict(mine))
+    assert mine == {"head.weight": "mine"}
+    assert ours.read_bytes() == theirs.read_bytes()
+    # With two keys or more safetensors orders the metadata differently from process to
+    # process (a hash map): the headers then agree as JSON, the tensor bytes as bytes.
+    mine = {"format": "pt"}
+    fst.save_model(model, ours, metadata=mine)
+    st_torch.save_model(model, str(theirs), metadata=dict(mine))
+    assert mine == {"format": "pt"}
+    assert split(ours) == split(theirs)
+    assert split(ours)[0]["__metadata__"] == {"format": "pt", "head.weight": "embed.weight"}
+
+
+def split(path):  # type: ignore[no-untyped-def]
+    """A safetensors file's header, parsed, and its data section."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("saver", ["ferrio", "safetensors"])
+def test_load_model_restores_a_tied_module(tmp_path, saver, device):
+    model = tied(0, device)
+    path = tmp_path / "m.safetensors"
+    (fst.save_model if saver == "ferrio" else st_torch.save_model)(model, str(path))
+    fresh, theirs = tied(1, device), tied(1, device)
+    # The fresh module's own weights give other outputs: equality below means they loaded.
+    assert not torch.equal(outputs(fresh), outputs(model))
+    got = fst.load_model(fresh, path, device=device)
+    assert got == st_torch.load_model(theirs, str(path), device=device) == (set(), [])
+    assert torch.equal(outputs(fresh), outputs(model))
+    assert fresh.head.weight is fresh.embed.weight  # still tied
+
+
+def test_load_model_reports_missing_and_unexpected_names_as_safetensors(tmp_path):
+    model = tied(0)
+    state = {k: v.clone() for k, v in model.state_dict().items() if k != "head.weight"}
+    del state["norm.bias"]
+    state["extra"] = torch.ones(3)
+    path = tmp_path / "m.safetensors"
+    st_torch.save_file(state, str(path))
+
+    got = fst.load_model(tied(1), path, strict=False)
+    want = st_torch.load_model(tied(1), str(path), strict=False)
+    assert got == want and got == ({"norm.bias"}, ["extra"])
+    both = r'(?s)Missing key.*"norm\.bias".*Unexpected key.*"extra"'
+    with pytest.raises(RuntimeError, match=both):
+        fst.load_model(tied(1), path)
+    with pytest.raises(RuntimeError):
+        st_torch.load_model(tied(1), str(path))
+
+
+def test_load_model_takes_either_name_of_a_tie(tmp_path):
+    """A file that kept the other name of the tie (`head.weight`) loads into the tied module."""
+    model = tied(0)
+    state = {k: v.clone() for k, v in model.state_dict().items() if k != "embed.weight"}
+    path = tmp_path / "m.safetensors"
+    st_torch.save_file(state, str(path))
+    fresh = tied(1)
+    assert fst.load_model(fresh, path) == st_torch.load_model(tied(1), str(path)) == (set(), [])
+    assert torch.equal(outputs(fresh), outputs(model))
+
+
+class Views(torch.nn.Module):  # type: ignore[misc]
+    def __init__(self, a, b) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.register_buffer("a", a)
+        self.register_buffer("b", b)
+
+
+def test_save_model_refuses_overlapping_views_that_cover_nothing_whole(tmp_path):
+    base = torch.arange(8.0)
+    model = Views(base[0:6], base[2:8])
+    for save in (fst.save_model, st_torch.save_model):
+        with pytest.raises(RuntimeError):
+            save(model, str(tmp_path / "x.safetensors"))
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_save_model_saves_disjoint_views_and_non_contiguous_tensors(tmp_path):
+    base = torch.arange(12.0).reshape(3, 4)
+    model = Views(base[:1], base.t())  # a view of part of the storage; a transposed whole
+    with pytest.raises(ValueError, match="force_contiguous=True"):
+        fst.save_model(model, tmp_path / "x.safetensors", force_contiguous=False)
+    assert not (tmp_path / "x.safetensors").exists()
+    # a and b overlap; b covers the whole storage, so it is kept and a left out.
+    fst.save_model(model, tmp_path / "x.safetensors")
+    with safe_open(tmp_path / "x.safetensors", "pt") as f:
+        assert list(f.keys()) == ["b"] and f.metadata() == {"a": "b"}
+        assert torch.equal(f.get_tensor("b"), base.t())
+    lone = Views(base[:1].clone(), base[1:2])  # b: one row of base, shared with nothing saved
+    fst.save_model(lone, tmp_path / "y.safetensors")
+    assert torch.equal(fst.load_file(tmp_path / "y.safetensors")["b"], base[1:2])
