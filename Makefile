@@ -5,15 +5,15 @@ PYTHON ?= python3
 BENCH_ARGS ?= --compare
 # moto[server]: the local S3 server of the remote-object tests (python/tests/test_remote.py);
 # gcp-storage-emulator: the local GCS server of python/tests/test_remote_gcs.py.
-# torch and transformers (the checkpoint interop tests) are not installed here: PyPI's only Linux
-# torch needs about 4 GiB of CUDA libraries to import (its CPU build lives on an index this
-# machine cannot reach), so those tests skip on the host and run on the GPU machine, where torch
-# is installed and transformers is carried (benchmarks/gpu_all.sh).
+# torch and transformers: the checkpoint interop tests (deps-torch). PyPI's only Linux torch
+# brings about 5 GiB of CUDA libraries (it imports without a GPU once they are there); where it
+# cannot be installed (a small disk) the note says so and those tests skip here. On the GPU
+# machine torch is there and transformers is carried (benchmarks/gpu_all.sh).
 # fusepy (with libfuse 2, a system package): the FUSE file system of the close-error tests
 # (python/tests/fault_fs.py).
 PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors "moto[server]" gcp-storage-emulator fusepy
 
-.PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-fuse deps-python deps-node install \
+.PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-fuse deps-python deps-node deps-torch install \
 	build gpu-wheel gpu-old gpu-nginx gpu-remote-peers gpu-moto gpu-test
 
 help:
@@ -35,6 +35,14 @@ deps-fuse:
 deps-python: deps-fuse
 	@$(PYTHON) -c "import maturin, numpy, pytest, mypy, ruff, hypothesis, safetensors, moto.server, gcp_storage_emulator, fuse" 2>/dev/null || \
 	  $(PYTHON) -m pip install -q $(PY_TOOLS)
+
+# The versions the interop tests were last run with on this machine (transformers as carried to
+# the GPU machine).
+TORCH_TOOLS := torch==2.15.0 transformers==4.57.1
+deps-torch:
+	@$(PYTHON) -c "import torch, transformers" 2>/dev/null || \
+	  $(PYTHON) -m pip install -q $(TORCH_TOOLS) || \
+	  echo "note: torch and transformers could not be installed; their interop tests skip"
 
 # Azurite (the Azure Blob emulator of the az:// tests) comes from npm into .tools/; where npm's
 # registry cannot be reached the tests use their own emulator, python/tests/azure_blob_server.py.
@@ -71,7 +79,7 @@ lint: rust-lint py-lint
 rust-test:
 	$(CARGO) test --workspace
 
-py-test: install deps-node
+py-test: install deps-node deps-torch
 	$(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 test: lint rust-test py-test
