@@ -829,6 +829,18 @@ def _saves(st_torch, k, v) -> bool:
     return True
 
 
+def test_torch_goes_by_each_of_its_names_and_a_wrong_name_is_an_error(tmp_path):
+    torch = pytest.importorskip("torch")
+    p = tmp_path / "t.safetensors"
+    sn.save_file({"a": np.arange(6, dtype=np.int32).reshape(2, 3)}, p)
+    for name in ("pt", "torch", "pytorch"):
+        with fs.safe_open(p, name) as f:
+            t = f.get_tensor("a")
+            assert isinstance(t, torch.Tensor) and t.tolist() == [[0, 1, 2], [3, 4, 5]], name
+    with pytest.raises(ValueError, match="framework must be one of pt, torch, pytorch, numpy"):
+        fs.safe_open(p, "tensorflow")
+
+
 def test_torch_refuses_noncontiguous_and_shared(tmp_path):
     torch = pytest.importorskip("torch")
     import ferrio.safetensors.torch as fst

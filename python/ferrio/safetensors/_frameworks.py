@@ -62,7 +62,7 @@ _ML_DTYPES_NAMES = {
     "F8_E5M2FNUZ": "float8_e5m2fnuz",
 }
 
-FRAMEWORKS = ("pt", "torch", "numpy", "np", "cupy", "cp")
+FRAMEWORKS = ("pt", "torch", "pytorch", "numpy", "np", "cupy", "cp")
 
 
 def numpy_dtype(np: Any, dtype: str) -> Any:
@@ -240,7 +240,7 @@ class Cupy(Numpy):
 
 def framework(name: str, device: Any) -> Framework:
     """Return the framework called `name` on `device`."""
-    if name in ("pt", "torch"):
+    if name in ("pt", "torch", "pytorch"):  # the names safetensors takes for torch
         return Torch(device)
     if name in ("numpy", "np"):
         return Numpy(device)
