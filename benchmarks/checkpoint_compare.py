@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import statistics
@@ -554,6 +555,18 @@ PEERS = [name for name in LOADERS if name != "ferrio"]
 WARM_TARGET, WARM_TIMES_SAFETENSORS, COLD_TIMES_FIO = 45.0, 9.0, 0.95
 
 
+def paired(summary: dict[str, dict], a: str, b: str) -> str:
+    """How `a` did against `b` round by round: rounds ahead, and the geometric mean of the
+    ratios (empty where no round has both)."""
+    ours, theirs = (summary[k].get("round_gib_per_s", []) for k in (a, b))
+    pairs = [(x, y) for x, y in zip(ours, theirs, strict=False) if x and y]
+    if not pairs:
+        return ""
+    ahead = sum(x > y for x, y in pairs)
+    mean = math.exp(statistics.fmean(math.log(x / y) for x, y in pairs))
+    return f"; round by round ferrio ahead in {ahead} of {len(pairs)}, {mean:.2f}x geometric mean"
+
+
 def target_lines(summary: dict[str, dict]) -> list[str]:
     """Issue 16's targets from the medians of this run, per checkpoint.
 
@@ -578,7 +591,8 @@ def target_lines(summary: dict[str, dict]) -> list[str]:
             peers = {p: r for p in PEERS if (r := of("cold", p)) is not None}
             if peers:
                 best = max(peers, key=lambda p: peers[p])
-                line += f", {cold / peers[best]:.2f}x the best peer ({best} {peers[best]:.2f})"
+                line += f", {cold / peers[best]:.2f}x the best peer ({best} {peers[best]:.2f}"
+                line += paired(summary, f"{ckpt} | cold | ferrio", f"{ckpt} | cold | {best}") + ")"
             fios = {f: r for f in FIO_SHAPES if (r := of("cold", f)) is not None}
             if fios:
                 best = max(fios, key=lambda f: fios[f])
@@ -656,6 +670,12 @@ def main() -> None:
             "gib_per_s": entry["file_bytes"] / secs / GIB,
             "peak_gpu_gib": max(r["peak_gpu_bytes"] for r in ok) / GIB,
             "rounds": len(ok),
+            # Round by round (None where a load failed): the loaders of one round ran minutes
+            # apart at most, so pairs of them see the same disk.
+            "round_gib_per_s": [
+                entry["file_bytes"] / r["seconds"] / GIB if "seconds" in r else None
+                for r in entry["runs"]
+            ],
         }
         shapes = [r["disk"] for r in ok if r.get("disk")]
         if shapes:
