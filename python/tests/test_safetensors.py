@@ -829,6 +829,32 @@ def _saves(st_torch, k, v) -> bool:
     return True
 
 
+def _takes_the_same_arguments(ours, theirs) -> None:
+    """Every parameter of `theirs` is one of `ours`, of the same kind, at the same position
+    when it can be passed by position (so any call that works on theirs works on ours)."""
+    import inspect
+
+    mine = inspect.signature(ours).parameters
+    for i, (name, p) in enumerate(inspect.signature(theirs).parameters.items()):
+        assert name in mine, (ours.__qualname__, name)
+        assert mine[name].kind == p.kind, (ours.__qualname__, name)
+        if p.kind == p.POSITIONAL_OR_KEYWORD:
+            assert list(mine).index(name) == i, (ours.__qualname__, name)
+        if name != "backend":  # ours takes it and ignores it
+            assert mine[name].default == p.default, (ours.__qualname__, name)
+
+
+@pytest.mark.parametrize("module", ["numpy", "torch"])
+def test_the_functions_take_safetensors_arguments(module):
+    import importlib
+
+    theirs = pytest.importorskip(f"safetensors.{module}")
+    ours = importlib.import_module(f"ferrio.safetensors.{module}")
+    names = ["save_file", "load_file", "save", "load", "save_model", "load_model"]
+    for name in [n for n in names if hasattr(theirs, n)]:
+        _takes_the_same_arguments(getattr(ours, name), getattr(theirs, name))
+
+
 def test_torch_goes_by_each_of_its_names_and_a_wrong_name_is_an_error(tmp_path):
     torch = pytest.importorskip("torch")
     p = tmp_path / "t.safetensors"
