@@ -96,12 +96,13 @@ def load_model(
     """Load a checkpoint (file, directory of shards or index) into `model`'s tensors.
 
     The file's tensors are read onto `device` (one buffer, freed when this returns), then
-    copied into the module's own with ``model.load_state_dict``. Names the module ties to
-    another one (as :func:`save_model` leaves them out) count as loaded when the name they
-    share memory with is in the file. Returns ``(missing, unexpected)`` as
-    ``safetensors.torch.load_model`` does: the set of the module's names the file did not
-    set and the list of the file's names the module has no use for. With `strict` either
-    being non-empty raises ``RuntimeError`` naming them.
+    copied into the module's own with ``model.load_state_dict``. Names of the module that share
+    one tensor (tied weights, as :func:`save_model` leaves all but one out) count as one: a
+    file that has any of them loads them all, one that has none reports the first of them
+    missing, and one that has several reports all but one unexpected. Returns
+    ``(missing, unexpected)`` as ``safetensors.torch.load_model`` does: the set of the module's
+    names the file did not set and the list of the file's names the module has no use for.
+    With `strict` either being non-empty raises ``RuntimeError`` naming them.
     """
     loaded = load_file(filename, device=device)
     ties = _names_to_leave_out(dict(model.state_dict()), preferred=loaded)
