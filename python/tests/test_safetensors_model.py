@@ -155,3 +155,16 @@ def test_save_model_saves_disjoint_views_and_non_contiguous_tensors(tmp_path):
     lone = Views(base[:1].clone(), base[1:2])  # b: one row of base, shared with nothing saved
     fst.save_model(lone, tmp_path / "y.safetensors")
     assert torch.equal(fst.load_file(tmp_path / "y.safetensors")["b"], base[1:2])
+
+
+@pytest.mark.parametrize("names", [[], ["embed.weight", "head.weight"]])
+def test_load_model_reports_a_tie_as_one_name(tmp_path, names):
+    """A file with neither name of the tie reports one missing; one with both, one unexpected."""
+    model = tied(0)
+    state = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("norm.")}
+    state.update({k: model.state_dict()[k].clone() for k in names})
+    path = tmp_path / "m.safetensors"
+    st_torch.save_file(state, str(path))
+    got = fst.load_model(tied(1), path, strict=False)
+    assert got == st_torch.load_model(tied(1), str(path), strict=False)
+    assert got == (({"embed.weight"}, []) if not names else (set(), ["head.weight"]))
