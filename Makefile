@@ -14,7 +14,7 @@ BENCH_ARGS ?= --compare
 PY_TOOLS := maturin numpy pytest mypy ruff hypothesis safetensors "moto[server]" gcp-storage-emulator fusepy
 
 .PHONY: help bench test lint rust-lint py-lint rust-test py-test deps-system deps-fuse deps-python deps-node deps-torch install \
-	build gpu-wheel gpu-old gpu-nginx gpu-remote-peers gpu-moto gpu-test
+	build gpu-wheel gpu-old gpu-nginx gpu-remote-peers gpu-moto gpu-peers gpu-tf gpu-fio gpu-test
 
 help:
 	@echo "make bench   install what is missing, build, run 'ferrio bench $(BENCH_ARGS)'"
@@ -126,6 +126,24 @@ gpu-moto:
 	  certifi charset-normalizer werkzeug markupsafe jinja2 xmltodict responses "python-dateutil<3" six \
 	  pyyaml flask flask-cors blinker itsdangerous click py-partiql-parser python-dotenv \
 	  rfc3339-validator wrapt gcp-storage-emulator google-crc32c
+
+# The peers of the GPU comparisons, as wheels for Python 3.12 there (--no-deps: torch, numpy and
+# safetensors are on the GPU machine): KvikIO and the checkpoint loaders (../shared/GPU.md).
+GPU_PIP := $(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+gpu-peers:
+	rm -rf .carry/peers && $(GPU_PIP) -d .carry/peers --platform manylinux_2_28_x86_64 \
+	  --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+	  kvikio-cu13==26.10.0 libkvikio-cu13==26.10.0 "rapids-logger==0.3.*" fastsafetensors==0.5.0 instanttensor==0.2.2
+	$(GPU_PIP) -d .carry/peers --platform manylinux_2_30_x86_64 runai-model-streamer==0.17.0
+
+# transformers and the parts of its stack the GPU machine lacks (the interop tests there).
+gpu-tf:
+	rm -rf .carry/tf && $(GPU_PIP) -d .carry/tf --platform manylinux2014_x86_64 \
+	  transformers==4.57.1 tokenizers==0.22.1 "huggingface_hub<1.0" regex
+
+# A static fio for the cold rows there (benchmarks/carry_fio.sh).
+gpu-fio:
+	bash benchmarks/carry_fio.sh .carry/bin/fio
 
 # There: everything that needs the GPU, logs in $OUT (benchmarks/gpu_all.sh).
 gpu-test:
