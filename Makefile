@@ -39,10 +39,13 @@ deps-python: deps-fuse
 # The versions the interop tests were last run with on this machine (transformers as carried to
 # the GPU machine).
 TORCH_TOOLS := torch==2.15.0 transformers==4.57.1
+# An install that fails part way (a full disk) is taken out again, so the tests skip cleanly
+# rather than fail to import a broken torch.
 deps-torch:
 	@$(PYTHON) -c "import torch, transformers" 2>/dev/null || \
-	  $(PYTHON) -m pip install -q $(TORCH_TOOLS) || \
-	  echo "note: torch and transformers could not be installed; their interop tests skip"
+	  { $(PYTHON) -m pip install -q $(TORCH_TOOLS) && $(PYTHON) -c "import torch, transformers"; } || \
+	  { $(PYTHON) -m pip uninstall -q -y torch transformers >/dev/null 2>&1; \
+	    echo "note: torch and transformers could not be installed; their interop tests skip"; }
 
 # Azurite (the Azure Blob emulator of the az:// tests) comes from npm into .tools/; where npm's
 # registry cannot be reached the tests use their own emulator, python/tests/azure_blob_server.py.
