@@ -168,3 +168,16 @@ def test_load_model_reports_a_tie_as_one_name(tmp_path, names):
     got = fst.load_model(tied(1), path, strict=False)
     assert got == st_torch.load_model(tied(1), str(path), strict=False)
     assert got == (({"embed.weight"}, []) if not names else (set(), ["head.weight"]))
+
+
+def test_load_model_from_a_truncated_file_raises_and_leaves_the_module_as_it_was(tmp_path):
+    path = tmp_path / "m.safetensors"
+    fst.save_model(tied(0), path)
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) - 100])  # the last tensor's bytes cut short
+    fresh = tied(1)
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(fst.SafetensorError):
+        fst.load_model(fresh, path)
+    after = fresh.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
