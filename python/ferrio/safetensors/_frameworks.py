@@ -7,7 +7,6 @@ imported only when a framework is used, so none is a dependency of ferrio.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 from ferrio._native import SafetensorError
@@ -300,23 +299,46 @@ def _torch_bytes(name: str, tensor: Any) -> tuple[str, list[int], Any]:
     return dtype, [int(d) for d in tensor.shape], data
 
 
+def overlapping(areas: list[tuple[int, int, str]]) -> list[list[str]]:
+    """Group the names of (start, end, name) memory areas, sorted, whose spans overlap."""
+    groups: list[list[str]] = []
+    reach = -1
+    for start, end, name in areas:
+        if groups and start < reach:
+            groups[-1].append(name)
+            reach = max(reach, end)
+        else:
+            groups.append([name])
+            reach = end
+    return groups
+
+
 def check_not_shared(tensors: dict[str, Any]) -> None:
     """Refuse torch tensors whose memory overlaps, as ``safetensors.torch.save_file`` does."""
-    areas: list[tuple[str, int, int, str]] = []
+    by_device: dict[str, list[tuple[int, int, str]]] = {}
     for name, t in tensors.items():
         if type(t).__module__.split(".")[0] != "torch" or t.device.type == "meta":
             continue
         nbytes = t.numel() * t.element_size()
         if nbytes:
-            areas.append((str(t.device), t.data_ptr(), t.data_ptr() + nbytes, name))
-    areas.sort()
-    for (dev_a, _, end_a, name_a), (dev_b, start_b, _, name_b) in itertools.pairwise(areas):
-        if dev_a == dev_b and start_b < end_a:
-            raise RuntimeError(
-                f"Some tensors share memory: {name_a!r} and {name_b!r}; saving both would "
-                "duplicate it on disk. Save one, or clone them; a module's tied weights are "
-                "saved once by ferrio.safetensors.torch.save_model(model, filename)."
+            by_device.setdefault(str(t.device), []).append(
+                (t.data_ptr(), t.data_ptr() + nbytes, name)
             )
+    for areas in by_device.values():
+        for group in overlapping(sorted(areas)):
+            if len(group) > 1:
+                raise RuntimeError(
+                    f"Some tensors share memory: {group[0]!r} and {group[1]!r}; saving both would "
+                    "duplicate it on disk. Save one, or clone them; a module's tied weights are "
+                    "saved once by ferrio.safetensors.torch.save_model(model, filename)."
+                )
 
 
-__all__ = ["FRAMEWORKS", "Framework", "SafetensorError", "check_not_shared", "framework"]
+__all__ = [
+    "FRAMEWORKS",
+    "Framework",
+    "SafetensorError",
+    "check_not_shared",
+    "framework",
+    "overlapping",
+]

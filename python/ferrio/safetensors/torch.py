@@ -14,6 +14,7 @@ from typing import Any
 from ferrio.safetensors import PathLike, SafetensorError, safe_open, save, save_file
 from ferrio.safetensors import load as _load
 from ferrio.safetensors import load_file as _load_file
+from ferrio.safetensors._frameworks import overlapping
 
 __all__ = [
     "SafetensorError",
@@ -153,7 +154,7 @@ def _names_to_leave_out(
     wanted = set(preferred)
     out: dict[str, list[str]] = {}
     for (_, base, size), areas in by_storage.items():
-        for group in _overlapping(sorted(areas)):
+        for group in overlapping(sorted(areas)):
             if len(group) < 2:
                 continue
             whole = sorted(n for n in group if _covers(state[n], base, size))
@@ -165,20 +166,6 @@ def _names_to_leave_out(
             kept = next((n for n in whole if n in wanted), whole[0])
             out[kept] = sorted(n for n in group if n != kept)
     return out
-
-
-def _overlapping(areas: list[tuple[int, int, str]]) -> list[list[str]]:
-    """Group names of (start, end, name) areas sorted by start whose spans overlap."""
-    groups: list[list[str]] = []
-    reach = -1
-    for start, end, name in areas:
-        if groups and start < reach:
-            groups[-1].append(name)
-            reach = max(reach, end)
-        else:
-            groups.append([name])
-            reach = end
-    return groups
 
 
 def _covers(t: Any, base: int, size: int) -> bool:
