@@ -5,9 +5,9 @@
 #   FERRIO=.carry/bin/ferrio bash benchmarks/bounce_sizes.sh FILE [ROUNDS] [SIZES...]
 # Prints one line per read and the median of each size. The file is made (8 GiB) if missing.
 set -euo pipefail
-F=$1; ROUNDS=${2:-4}; shift 2 || shift $#
-SIZES=("${@:-512KiB 1MiB 2MiB 4MiB 8MiB}")
-read -r -a SIZES <<<"${SIZES[*]}"
+F=$1; ROUNDS=${2:-4}; shift $(( $# < 2 ? $# : 2 ))
+[ $# -gt 0 ] || set -- 512KiB 1MiB 2MiB 4MiB 8MiB
+SIZES=("$@")
 FERRIO=${FERRIO:-ferrio}
 INTO=${INTO---gpu 0}  # INTO= reads into host memory
 [ -e "$F" ] || "$FERRIO" write "$F" --size 8GiB >/dev/null

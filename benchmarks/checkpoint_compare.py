@@ -564,7 +564,7 @@ def paired(summary: dict[str, dict], a: str, b: str) -> str:
         return ""
     ahead = sum(x > y for x, y in pairs)
     mean = math.exp(statistics.fmean(math.log(x / y) for x, y in pairs))
-    return f"; round by round ferrio ahead in {ahead} of {len(pairs)}, {mean:.2f}x geometric mean"
+    return f"; round by round ahead in {ahead} of {len(pairs)}, {mean:.2f}x geometric mean"
 
 
 def target_lines(summary: dict[str, dict]) -> list[str]:
