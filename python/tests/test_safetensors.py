@@ -863,8 +863,19 @@ def test_torch_goes_by_each_of_its_names_and_a_wrong_name_is_an_error(tmp_path):
         with fs.safe_open(p, name) as f:
             t = f.get_tensor("a")
             assert isinstance(t, torch.Tensor) and t.tolist() == [[0, 1, 2], [3, 4, 5]], name
-    with pytest.raises(ValueError, match="framework must be one of pt, torch, pytorch, numpy"):
+    # safetensors raises its SafetensorError here; ferrio's is also a ValueError.
+    with pytest.raises(fs.SafetensorError, match="framework must be one of pt, torch, pytorch"):
         fs.safe_open(p, "tensorflow")
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "gpu0", -1, True])
+def test_a_wrong_device_is_a_safetensor_error(tmp_path, device):
+    p = tmp_path / "t.safetensors"
+    sn.save_file({"a": np.arange(6, dtype=np.int32)}, p)
+    with pytest.raises(fs.SafetensorError, match="device"):
+        fs.safe_open(p, "numpy", device=device)
+    with pytest.raises(fs.SafetensorError, match="device"):
+        fs.load_file(p, device=device)
 
 
 def test_torch_refuses_noncontiguous_and_shared(tmp_path):

@@ -93,10 +93,10 @@ def safetensors_dtype(dtype: Any) -> str | None:
 def parse_device(device: Any) -> tuple[str, int | None]:
     """Return ``("cpu", None)`` or ``("cuda", index or None for the current device)``."""
     if isinstance(device, bool):
-        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, not {device!r}")
+        raise SafetensorError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, not {device!r}")
     if isinstance(device, int):
         if device < 0:
-            raise ValueError(f"device index must be at least 0, not {device}")
+            raise SafetensorError(f"device index must be at least 0, not {device}")
         return "cuda", device
     text = str(device)  # also takes torch.device
     if text == "cpu":
@@ -105,7 +105,7 @@ def parse_device(device: Any) -> tuple[str, int | None]:
         return "cuda", None
     if text.startswith("cuda:") and text[5:].isdigit():
         return "cuda", int(text[5:])
-    raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, not {device!r}")
+    raise SafetensorError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, not {device!r}")
 
 
 class Framework:
@@ -245,7 +245,7 @@ def framework(name: str, device: Any) -> Framework:
         return Numpy(device)
     if name in ("cupy", "cp"):
         return Cupy(device)
-    raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, not {name!r}")
+    raise SafetensorError(f"framework must be one of {', '.join(FRAMEWORKS)}, not {name!r}")
 
 
 def to_bytes(name: str, tensor: Any) -> tuple[str, list[int], Any]:
