@@ -40,7 +40,8 @@ LOADERS = ["safetensors", "fastsafetensors", "runai", "instanttensor", "ferrio"]
 # "safetensors-safe_open": one `get_tensor` per name through `safe_open` (with "-via-cpu":
 # into host memory, each tensor then copied to the device, as vLLM's default loader does; with
 # "-cpu": into host memory only). A ferrio host loop takes CKPT_HOST_MEMORY (see CHILD):
-# "ferrio-safe_open-via-cpu@CKPT_HOST_MEMORY=pinned".
+# "ferrio-safe_open-via-cpu@CKPT_HOST_MEMORY=pinned"; "ferrio-load_model" /
+# "safetensors-load_model": `load_model` into a module already on the device.
 
 # The child: argv = loader, device, files...; prints one JSON line.
 CHILD = r"""
@@ -111,6 +112,37 @@ try:
                         t = f.get_tensor(k)
                         out[k] = t.to(device) if via_cpu else t
             return out
+    elif loader in ("ferrio-load_model", "safetensors-load_model"):
+        # `load_model(model, file, device=...)` into a module whose parameters are already on
+        # the device (made, untimed, from the header): the load_file read, then
+        # `load_state_dict`'s copies into the module. safetensors' takes one file at a time.
+        if loader.startswith("ferrio"):
+            from ferrio.safetensors.torch import load_model
+            targets = [files if len(files) > 1 else files[0]]
+        else:
+            from safetensors.torch import load_model
+            targets = files
+        from safetensors import safe_open as read_header
+        DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+        model = torch.nn.Module()
+        for path in files:
+            with read_header(path, framework="pt") as h:
+                for name in h.keys():
+                    part = h.get_slice(name)
+                    *parents, leaf = name.split(".")
+                    module = model
+                    for p in parents:
+                        if p not in module._modules:
+                            module.add_module(p, torch.nn.Module())
+                        module = module._modules[p]
+                    t = torch.empty(part.get_shape(), dtype=DTYPES[part.get_dtype()], device=device)
+                    module.register_parameter(leaf, torch.nn.Parameter(t, requires_grad=False))
+        torch.cuda.synchronize()
+        def load():
+            for target in targets:
+                missing, unexpected = load_model(model, target, strict=len(targets) == 1,
+                                                 device=device)  # fmt: skip
+            return dict(model.state_dict())
     elif loader == "ferrio-get-parts":
         # Research only: the safe_open loop's reads made by hand, to tell its costs apart: per
         # tensor, a CUDA tensor of its own, then one synchronous `File.read` (what `get_tensor`

@@ -181,3 +181,97 @@ def test_load_model_from_a_truncated_file_raises_and_leaves_the_module_as_it_was
         fst.load_model(fresh, path)
     after = fresh.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+class Stack(torch.nn.Module):  # type: ignore[misc]
+    """Four layers of one size: a checkpoint of them splits into shards of equal size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(4))
+
+
+def stack(seed: int, device: str = "cpu") -> Stack:
+    torch.manual_seed(seed)
+    return Stack().to(device)
+
+
+def save_shards(model: Stack, root) -> list[str]:  # type: ignore[no-untyped-def]
+    """One shard per layer, named as transformers names them, and their index."""
+    state = model.state_dict()
+    paths, weight_map = [], {}
+    for i in range(4):
+        name = f"model-0000{i + 1}-of-00004.safetensors"
+        part = {k: v.clone() for k, v in state.items() if k.startswith(f"layers.{i}.")}
+        st_torch.save_file(part, str(root / name))
+        weight_map.update(dict.fromkeys(part, name))
+        paths.append(str(root / name))
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return paths
+
+
+def test_load_model_loads_shards_one_file_at_a_time(tmp_path, monkeypatch):
+    """Each `load_state_dict` call gets one shard's tensors, so one shard's buffer is held at a
+    time; the result equals a loop of safetensors' load_model over the shards."""
+    model = stack(0)
+    paths = save_shards(model, tmp_path)
+    fresh, theirs = stack(1), stack(1)
+    calls: list[list[str]] = []
+    real = Stack.load_state_dict
+
+    def recording(self, state, strict=True):  # type: ignore[no-untyped-def]
+        calls.append(sorted(state))
+        return real(self, state, strict=strict)
+
+    monkeypatch.setattr(Stack, "load_state_dict", recording)
+    assert fst.load_model(fresh, tmp_path / "model.safetensors.index.json") == (set(), [])
+    assert calls == [[f"layers.{i}.bias", f"layers.{i}.weight"] for i in range(4)]
+    monkeypatch.undo()
+    for p in paths:
+        st_torch.load_model(theirs, p, strict=False)
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v) and torch.equal(theirs.state_dict()[k], v)
+
+
+def test_load_model_over_shards_reports_names_no_shard_has(tmp_path):
+    model = stack(0)
+    save_shards(model, tmp_path)
+    extra = {"layers.4.weight": torch.ones(2)}
+    st_torch.save_file(extra, str(tmp_path / "model-00005-of-00005.safetensors"))
+    (tmp_path / "model.safetensors.index.json").unlink()  # the directory: all five files
+    (tmp_path / "model-00002-of-00004.safetensors").unlink()
+    got = fst.load_model(stack(1), tmp_path, strict=False)
+    assert got == ({"layers.1.bias", "layers.1.weight"}, ["layers.4.weight"])
+    with pytest.raises(RuntimeError, match=r'(?s)"layers\.1\.bias".*"layers\.4\.weight"'):
+        fst.load_model(stack(1), tmp_path)
+
+
+def test_load_model_from_a_truncated_shard_leaves_every_shard_unloaded(tmp_path):
+    """Sizes are checked at open, before any shard is copied in: a short last shard fails the
+    load with the module as it was."""
+    paths = save_shards(stack(0), tmp_path)
+    last = tmp_path / paths[-1]
+    last.write_bytes(last.read_bytes()[:-10])
+    fresh = stack(1)
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(fst.SafetensorError):
+        fst.load_model(fresh, tmp_path / "model.safetensors.index.json")
+    assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_load_model_onto_the_gpu_holds_one_shard_beside_the_module(tmp_path):
+    torch.manual_seed(0)
+    big = torch.nn.ModuleList(torch.nn.Linear(2048, 2048, bias=False) for _ in range(4))
+    for i, layer in enumerate(big):  # 16 MiB a shard
+        path = str(tmp_path / f"{i}.safetensors")
+        st_torch.save_file({f"{i}.weight": layer.weight.detach()}, path)
+    model = torch.nn.ModuleList(torch.nn.Linear(2048, 2048, bias=False) for _ in range(4)).cuda()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    assert fst.load_model(model, tmp_path, device="cuda") == (set(), [])
+    shard = 2048 * 2048 * 4
+    assert torch.cuda.max_memory_allocated() - base <= shard + (2 << 20)
+    for a, b in zip(model, big, strict=True):
+        assert torch.equal(a.weight.cpu(), b.weight.detach())

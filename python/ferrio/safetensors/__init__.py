@@ -788,6 +788,16 @@ class safe_open:  # the name of safetensors' class
             return _load_shared(self._fw, ckpt, self._ordered(), self._group)
         return _load(self._fw, ckpt, self._ordered())
 
+    def _get_tensors_file_by_file(self) -> Iterator[dict[str, Any]]:
+        """Yield each file's tensors, read in one parallel read into a buffer of its own.
+
+        The next file is read only when the caller asks for it, so a caller that drops each
+        dict before the next holds one file's buffer at a time (``torch.load_model``).
+        """
+        ckpt = self._open_ckpt()
+        for _, ts in itertools.groupby(self._ordered(), key=lambda t: t.path):
+            yield _load(self._fw, ckpt, list(ts))
+
     def tensors(self) -> Iterator[tuple[str, Any]]:
         """Yield ``(name, tensor)`` in file order as each tensor's bytes arrive.
 

@@ -96,20 +96,31 @@ def load_model(
 ) -> tuple[set[str], list[str]]:
     """Load a checkpoint (file, directory of shards or index) into `model`'s tensors.
 
-    The file's tensors are read onto `device` (one buffer, freed when this returns), then
-    copied into the module's own with ``model.load_state_dict``. Names of the module that share
-    one tensor (tied weights, as :func:`save_model` leaves all but one out) count as one: a
-    file that has any of them loads them all, one that has none reports the first of them
-    missing, and one that has several reports all but one unexpected. Returns
-    ``(missing, unexpected)`` as ``safetensors.torch.load_model`` does: the set of the module's
-    names the file did not set and the list of the file's names the module has no use for.
-    With `strict` either being non-empty raises ``RuntimeError`` naming them.
+    Each file's tensors are read onto `device` (one buffer per file, freed before the next
+    file is read), then copied into the module's own with ``model.load_state_dict``: beside
+    the module, memory on `device` holds one file's bytes at a time, as a loop of
+    ``safetensors.torch.load_model`` over the shards does. Every file's header and size are
+    checked before anything is copied in, so a malformed or truncated file leaves the module
+    as it was; a read that fails part way (a file cut short under the load) leaves the
+    files before it loaded. Names of the module that share one tensor (tied weights, as
+    :func:`save_model` leaves all but one out) count as one: a file that has any of them loads
+    them all, one that has none reports the first of them missing, and one that has several
+    reports all but one unexpected. Returns ``(missing, unexpected)`` as
+    ``safetensors.torch.load_model`` does: the set of the module's names the file did not set
+    and the list of the file's names the module has no use for. With `strict` either being
+    non-empty raises ``RuntimeError`` naming them.
     """
-    loaded = load_file(filename, device=device)
-    ties = _names_to_leave_out(dict(model.state_dict()), preferred=loaded)
-    missing_names, unexpected = model.load_state_dict(loaded, strict=False)
-    missing = set(missing_names)
-    unexpected = list(unexpected)
+    with safe_open(filename, framework="pt", device=device) as f:
+        ties = _names_to_leave_out(dict(model.state_dict()), preferred=f.keys())
+        missing: set[str] | None = None
+        unexpected: list[str] = []
+        for part in f._get_tensors_file_by_file():
+            missing_here, unexpected_here = model.load_state_dict(part, strict=False)
+            del part  # this file's buffer goes before the next file's is made
+            missing = set(missing_here) if missing is None else missing & set(missing_here)
+            unexpected.extend(unexpected_here)
+    if missing is None:  # a checkpoint without tensors
+        missing = set(model.load_state_dict({}, strict=False)[0])
     for tied in ties.values():
         for name in tied:
             if name in missing:
