@@ -275,3 +275,20 @@ def test_load_model_onto_the_gpu_holds_one_shard_beside_the_module(tmp_path):
     assert torch.cuda.max_memory_allocated() - base <= shard + (2 << 20)
     for a, b in zip(model, big, strict=True):
         assert torch.equal(a.weight.cpu(), b.weight.detach())
+
+
+def test_load_model_refuses_a_dtype_torch_lacks_in_a_later_shard_before_loading_any(tmp_path):
+    paths = save_shards(stack(0), tmp_path)
+    last = tmp_path / paths[-1]
+    raw = last.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    # The same 256 bytes as F4 (two 4-bit floats a byte), which this torch has no dtype for.
+    header["layers.3.bias"].update(dtype="F4", shape=[512])
+    text = json.dumps(header).encode()
+    last.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n :])
+    fresh = stack(1)
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(TypeError, match="F4"):
+        fst.load_model(fresh, tmp_path / "model.safetensors.index.json")
+    assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())

@@ -792,10 +792,14 @@ class safe_open:  # the name of safetensors' class
         """Yield each file's tensors, read in one parallel read into a buffer of its own.
 
         The next file is read only when the caller asks for it, so a caller that drops each
-        dict before the next holds one file's buffer at a time (``torch.load_model``).
+        dict before the next holds one file's buffer at a time (``torch.load_model``). Every
+        tensor's dtype is checked before the first file is read.
         """
         ckpt = self._open_ckpt()
-        for _, ts in itertools.groupby(self._ordered(), key=lambda t: t.path):
+        ordered = self._ordered()
+        for t in ordered:
+            self._fw.check_dtype(t.name, t.dtype)
+        for _, ts in itertools.groupby(ordered, key=lambda t: t.path):
             yield _load(self._fw, ckpt, list(ts))
 
     def tensors(self) -> Iterator[tuple[str, Any]]:

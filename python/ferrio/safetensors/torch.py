@@ -96,16 +96,16 @@ def load_model(
 ) -> tuple[set[str], list[str]]:
     """Load a checkpoint (file, directory of shards or index) into `model`'s tensors.
 
-    Each file's tensors are read onto `device` (one buffer per file, freed before the next
-    file is read), then copied into the module's own with ``model.load_state_dict``: beside
-    the module, memory on `device` holds one file's bytes at a time, as a loop of
-    ``safetensors.torch.load_model`` over the shards does. Every file's header and size are
-    checked before anything is copied in, so a malformed or truncated file leaves the module
-    as it was; a read that fails part way (a file cut short under the load) leaves the
-    files before it loaded. Names of the module that share one tensor (tied weights, as
-    :func:`save_model` leaves all but one out) count as one: a file that has any of them loads
-    them all, one that has none reports the first of them missing, and one that has several
-    reports all but one unexpected. Returns ``(missing, unexpected)`` as
+    Each file's tensors are read onto `device` (one buffer per file, freed before the next file
+    is read), then copied into the module's own with ``model.load_state_dict``: beside the
+    module, memory on `device` holds one file's bytes at a time, as a loop of
+    ``safetensors.torch.load_model`` over the shards does. Every file's header, size and dtypes
+    are checked before anything is copied in, so a malformed or truncated file, or a dtype this
+    torch lacks, leaves the module as it was; a read that fails part way (a file cut short under
+    the load) leaves the files before it loaded. Names of the module that share one tensor (tied
+    weights, as :func:`save_model` leaves all but one out) count as one: a file that has any of
+    them loads them all, one that has none reports the first of them missing, and one that has
+    several reports all but one unexpected. Returns ``(missing, unexpected)`` as
     ``safetensors.torch.load_model`` does: the set of the module's names the file did not set
     and the list of the file's names the module has no use for. With `strict` either being
     non-empty raises ``RuntimeError`` naming them.
