@@ -140,8 +140,7 @@ try:
         torch.cuda.synchronize()
         def load():
             for target in targets:
-                missing, unexpected = load_model(model, target, strict=len(targets) == 1,
-                                                 device=device)  # fmt: skip
+                load_model(model, target, strict=len(targets) == 1, device=device)
             return dict(model.state_dict())
     elif loader == "ferrio-get-parts":
         # Research only: the safe_open loop's reads made by hand, to tell its costs apart: per
