@@ -207,6 +207,10 @@ pub struct Settings {
     /// Bytes of tensors a safetensors `safe_open` reads ahead of `get_tensor` calls that come
     /// in file or `keys()` order (Python's `ferrio.safetensors`); 0: none.
     pub tensor_read_ahead: u64,
+    /// Pinned host memory that the torch host tensors of a safetensors `safe_open` may hold
+    /// at once, in a process that already uses CUDA and whose loop lets tensors go (Python's
+    /// `ferrio.safetensors`); 0: never pinned.
+    pub pinned_tensor_limit: u64,
 }
 
 impl Default for Settings {
@@ -241,6 +245,7 @@ impl Default for Settings {
             remote_retries: 0,
             remote_retry_timeout: Duration::ZERO,
             tensor_read_ahead: 0,
+            pinned_tensor_limit: 0,
         };
         for info in SETTINGS {
             let parsed = (info.set)(&mut s, info.default);
@@ -634,6 +639,20 @@ pub const SETTINGS: &[SettingInfo] = &[
         get: |s| s.tensor_read_ahead.to_string(),
         set: |s, v| {
             s.tensor_read_ahead = size(v, 0, SIZE_FORMS)?;
+            Ok(())
+        },
+    },
+    SettingInfo {
+        name: "pinned_tensor_limit",
+        env: "FERRIO_PINNED_TENSOR_LIMIT",
+        unit: "bytes (0 = never)",
+        default: "2 GiB",
+        doc: "pinned host memory the torch host tensors of safe_open may hold at once, in a \
+              process that already uses CUDA, once the caller lets tensors go, so that copying \
+              each to a GPU runs at the link's rate",
+        get: |s| s.pinned_tensor_limit.to_string(),
+        set: |s, v| {
+            s.pinned_tensor_limit = size(v, 0, SIZE_FORMS)?;
             Ok(())
         },
     },

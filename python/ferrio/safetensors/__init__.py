@@ -765,6 +765,15 @@ class safe_open:  # the name of safetensors' class
         (``FERRIO_TENSOR_READ_AHEAD``, 1 GiB; 0 turns it off), and at least one tensor. Each
         still gets memory of its own; tensors read ahead but never asked for are freed when the
         caller skips past them or the file is closed.
+
+        A torch host tensor (``device="cpu"``) of 1 MiB or more is in pinned memory, from
+        torch's pinned allocator, where the process already uses CUDA, once the caller has let
+        go of a tensor it got before (a loop that keeps every tensor gets none pinned), and
+        while the pinned tensors alive stay within the ``pinned_tensor_limit`` setting as it
+        was at open (``FERRIO_PINNED_TENSOR_LIMIT``, 2 GiB; 0: never); while tensors are
+        pinned, at most 256 MiB is read ahead. Copying it to a GPU, the usual next step, then
+        runs at the link's rate. Freeing it returns its memory to torch's pinned cache, which
+        hands it out again once the copies from it are done.
         """
         return self._ahead.get(self._info(name))
 

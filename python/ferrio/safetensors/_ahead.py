@@ -60,7 +60,7 @@ class TensorRead:
         fw.check_dtype(t.name, t.dtype)
         self.tensor = t
         self.at = t.begin % 8
-        self.buf = fw.empty(self.at + t.nbytes)
+        self.buf = fw.tensor_buffer(self.at + t.nbytes)
         self.future: ferrio.IOFuture | None = None
         if t.nbytes:
             target = fw.target(self.buf, self.at, self.at + t.nbytes)
@@ -73,7 +73,9 @@ class TensorRead:
             got = self.future.result()
             if got != t.nbytes:
                 raise truncated(t.path, got, t.nbytes, t.begin)
-        return fw.view(self.buf, self.at, self.at + t.nbytes, t.dtype, t.shape)
+        tensor = fw.view(self.buf, self.at, self.at + t.nbytes, t.dtype, t.shape)
+        fw.handed_out(tensor)
+        return tensor
 
     def settle(self) -> None:
         """Wait for the read and ignore its result: the tensor is not wanted."""
@@ -206,9 +208,10 @@ class ReadAhead:
             return
         self._stalled = None
         order = self._orders[self._order]
+        window = self._fw.read_ahead_window(self._window)
         while self._next < len(order) and len(self._ahead) < _MOST_AHEAD:
             t = self._ckpt.tensors[order[self._next]]
-            if self._ahead and self._bytes + t.nbytes > self._window:
+            if self._ahead and self._bytes + t.nbytes > window:
                 break
             try:
                 read = TensorRead(self._fw, self._ckpt, t)

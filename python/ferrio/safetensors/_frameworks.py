@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import ferrio.config
 from ferrio._native import SafetensorError
+from ferrio.safetensors import _pinned
 
 # safetensors name -> torch attribute name; looked up with getattr so that older torch works.
 _TORCH_NAMES = {
@@ -120,6 +122,20 @@ class Framework:
         """Return a new uint8 buffer of `nbytes` on the device."""
         raise NotImplementedError
 
+    def tensor_buffer(self, nbytes: int) -> Any:
+        """Return a new uint8 buffer of `nbytes` for one tensor that ``safe_open`` reads.
+
+        As :meth:`empty`, except where the library can pin host memory (see :class:`Torch`).
+        """
+        return self.empty(nbytes)
+
+    def handed_out(self, tensor: Any) -> None:
+        """Note a tensor read by :meth:`tensor_buffer`'s caller and given to the user."""
+
+    def read_ahead_window(self, window: int) -> int:
+        """Return the bytes to read ahead of ``get_tensor`` calls, given the setting's."""
+        return window
+
     def target(self, buf: Any, begin: int, end: int) -> Any:
         """Return what ``File.pread`` fills for bytes `begin`..`end` of `buf`."""
         raise NotImplementedError
@@ -147,7 +163,11 @@ class Torch(Framework):
         import torch  # type: ignore[import-not-found, unused-ignore]
 
         self.torch = torch
+        # Where host tensors read one at a time may be pinned (see `_pinned`): the setting as
+        # it was when the framework was made (at the file's open).
+        self.pinned_limit = 0
         if self.kind == "cpu":
+            self.pinned_limit = int(ferrio.config.get("pinned_tensor_limit"))
             self.device = torch.device("cpu")
         elif self.index is None:
             self.device = torch.device("cuda")
@@ -169,6 +189,23 @@ class Torch(Framework):
 
     def empty(self, nbytes: int) -> Any:
         return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
+
+    def tensor_buffer(self, nbytes: int) -> Any:
+        """Return a host buffer in pinned memory where `_pinned` allows it, else as `empty`."""
+        if self.kind == "cpu" and self.pinned_limit > 0:
+            buf = _pinned.HOST.buffer(self.torch, nbytes, self.pinned_limit)
+            if buf is not None:
+                return buf
+        return self.empty(nbytes)
+
+    def handed_out(self, tensor: Any) -> None:
+        if self.kind == "cpu" and self.pinned_limit > 0:
+            _pinned.HOST.handed_out(tensor)
+
+    def read_ahead_window(self, window: int) -> int:
+        if self.kind == "cpu" and self.pinned_limit > 0 and _pinned.HOST.pins(self.torch):
+            return min(window, _pinned.WINDOW)
+        return window
 
     def target(self, buf: Any, begin: int, end: int) -> Any:
         part = buf[begin:end]
