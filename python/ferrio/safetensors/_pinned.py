@@ -53,7 +53,7 @@ def _weak_ref(tensor: Any) -> Any:
         )
     except ImportError:  # pragma: no cover - every torch since 1.x has it
         return None
-    return StorageWeakRef(tensor.untyped_storage())
+    return StorageWeakRef(tensor.untyped_storage())  # type: ignore[no-untyped-call, unused-ignore]
 
 
 class HostMemory:
