@@ -32,8 +32,8 @@ _PIN_FROM = 1 << 20
 # Bytes read ahead of get_tensor calls while host tensors are pinned (at most the setting
 # `tensor_read_ahead`): what is read ahead is held in pinned memory, and every block of it is
 # pinned afresh before torch can hand it out again. On the H200 (8 GB checkpoint, warm, each
-# tensor copied to the GPU and dropped) the loop ran at 13.2 GiB/s with 256 MiB ahead, 11.8
-# with 128 MiB, 11.4 with 64 MiB, 8.3 with 512 MiB and 5.8 with 1 GiB (benchmarks/RESULTS.md,
+# tensor copied to the GPU and dropped) the loop ran at 12.0-13.2 GiB/s with 256 MiB ahead,
+# 11.8 with 128 MiB, 11.4 with 64 MiB, 8.3 with 512 MiB and 5.8 with 1 GiB (benchmarks/RESULTS.md,
 # Checkpoints, session 39).
 WINDOW = 256 << 20
 # Tensors handed out that are watched for being let go: the most recent ones (a loop that lets
