@@ -164,7 +164,7 @@ class Torch(Framework):
 
         self.torch = torch
         # Where host tensors read one at a time may be pinned (see `_pinned`): the setting as
-        # it was when the framework was made (at the file's open).
+        # it was when the framework was made (at the file's open); 0 on a GPU, never pinned.
         self.pinned_limit = 0
         if self.kind == "cpu":
             self.pinned_limit = int(ferrio.config.get("pinned_tensor_limit"))
@@ -192,18 +192,18 @@ class Torch(Framework):
 
     def tensor_buffer(self, nbytes: int) -> Any:
         """Return a host buffer in pinned memory where `_pinned` allows it, else as `empty`."""
-        if self.kind == "cpu" and self.pinned_limit > 0:
+        if self.pinned_limit > 0:
             buf = _pinned.HOST.buffer(self.torch, nbytes, self.pinned_limit)
             if buf is not None:
                 return buf
         return self.empty(nbytes)
 
     def handed_out(self, tensor: Any) -> None:
-        if self.kind == "cpu" and self.pinned_limit > 0:
+        if self.pinned_limit > 0:
             _pinned.HOST.handed_out(tensor)
 
     def read_ahead_window(self, window: int) -> int:
-        if self.kind == "cpu" and self.pinned_limit > 0 and _pinned.HOST.pins(self.torch):
+        if self.pinned_limit > 0 and _pinned.HOST.pins(self.torch):
             return min(window, _pinned.WINDOW)
         return window
 
